@@ -1,0 +1,253 @@
+"""`lakehouse` command line: metadata, runs, demo data, control plane and inspection."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from lakehouse.metadata.loader import MetadataError, load_metadata
+from lakehouse.runner import Platform
+
+COMMANDS: dict[str, Callable[[argparse.ArgumentParser], None]] = {}
+
+
+def _print_table(rows: list[dict], columns: list[str] | None = None) -> None:
+    if not rows:
+        print("(none)")
+        return
+    columns = columns or list(rows[0])
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    print("  ".join("-" * widths[c] for c in columns))
+    for r in rows:
+        print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
+
+
+# ---------------------------------------------------------------- metadata
+def cmd_metadata(args) -> int:
+    platform = Platform.from_env()
+    if args.action == "show":
+        catalog = platform.store.load()
+        data = catalog.model_dump(mode="json", exclude_defaults=True)
+        if args.section:
+            data = {args.section: data.get(args.section, [])}
+        import yaml
+
+        print(yaml.safe_dump(data, sort_keys=False))
+        return 0
+    loaded = load_metadata(args.path)
+    counts = {k: len(v) for k, v in loaded.catalog.model_dump().items() if v}
+    if args.action == "validate":
+        print(f"{args.path}: valid ({', '.join(f'{n} {k}' for k, n in counts.items())})")
+        return 0
+    applied = platform.store.apply(loaded, replace=args.replace)
+    print(f"applied {args.path} to {platform.store!r}: " + ", ".join(f"{n} {k}" for k, n in applied.items() if n))
+    try:
+        from lakehouse.throughput.pools import sync_pools
+
+        sync_pools(platform)
+    except ImportError:
+        pass
+    return 0
+
+
+# ---------------------------------------------------------------- runs
+def cmd_run(args) -> int:
+    """Materialize a pipeline headless through the same Definitions the UI loads."""
+    import dagster as dg
+
+    from lakehouse_assets.definitions import build_definitions
+
+    platform = Platform.from_env()
+    defs = build_definitions(platform)
+    job = defs.resolve_job_def(f"{args.pipeline}_job")
+    instance = dg.DagsterInstance.get() if _dagster_home() else dg.DagsterInstance.ephemeral()
+    result = job.execute_in_process(instance=instance, raise_on_error=False,
+                                    tags={"lakehouse/pipeline": args.pipeline, "lakehouse/launched_by": "cli"})
+    for ev in result.all_events:
+        if ev.event_type_value == "ASSET_MATERIALIZATION":
+            mat = ev.event_specific_data.materialization
+            md = {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+            print(f"materialized {mat.asset_key.to_user_string()}: rows_written={md.get('rows_written')} "
+                  f"snapshot={md.get('snapshot_id')}")
+    print(f"run {result.run_id}: {'SUCCESS' if result.success else 'FAILURE'}")
+    return 0 if result.success else 1
+
+
+def _dagster_home() -> bool:
+    import os
+
+    return bool(os.environ.get("DAGSTER_HOME"))
+
+
+def cmd_demo(args) -> int:
+    from lakehouse.demo import generate_user_events
+
+    platform = Platform.from_env()
+    out = Path(args.out) if args.out else platform.settings.landing_dir / "user_events"
+    summary = generate_user_events(out, rows=args.rows, files=args.files, seed=args.seed)
+    print(f"wrote {summary['rows']} user events in {summary['files']} files to {out}")
+    return 0
+
+
+# ---------------------------------------------------------------- control plane
+def cmd_pipeline(args) -> int:
+    platform = Platform.from_env()
+    platform.catalog().pipeline(args.pipeline_id)  # unknown id -> KeyError naming the known ones
+    platform.store.set_enabled("pipeline", args.pipeline_id, args.action == "enable", by="cli")
+    print(f"pipeline {args.pipeline_id} {args.action}d")
+    return 0
+
+
+def cmd_stage(args) -> int:
+    platform = Platform.from_env()
+    platform.catalog().stage(args.pipeline_id, args.stage_name)
+    platform.store.set_enabled("stage", f"{args.pipeline_id}.{args.stage_name}", args.action == "enable", by="cli")
+    print(f"stage {args.pipeline_id}.{args.stage_name} {args.action}d")
+    return 0
+
+
+def cmd_audit(args) -> int:
+    from datetime import datetime
+
+    platform = Platform.from_env()
+    since = datetime.fromisoformat(args.since) if args.since else None
+    rows = [e.model_dump() for e in platform.store.audit_entries(pipeline_id=args.pipeline, since=since,
+                                                                  run_id=args.run_id, limit=args.limit)]
+    _print_table(rows, ["ts", "run_id", "pipeline_id", "stage_name", "event", "action", "outcome",
+                        "error_class", "message", "duration_ms"])
+    return 0
+
+
+# ---------------------------------------------------------------- branches
+def cmd_branches(args) -> int:
+    from lakehouse.iceberg import MAIN
+
+    platform = Platform.from_env()
+    tables = platform.tables()
+    catalog = platform.catalog()
+    idents = [args.table] if getattr(args, "table", None) else [t.identifier for t in catalog.targets if t.kind == "iceberg"]
+    if args.action == "list":
+        rows = []
+        for ident in idents:
+            if not tables.exists(ident):
+                continue
+            for name, snap in tables.refs(ident).items():
+                if name != MAIN:
+                    summary = tables.snapshot_summary(ident, snap)
+                    rows.append({"table": ident, "branch": name, "snapshot_id": snap,
+                                 "added_records": summary.get("added-records", "")})
+        _print_table(rows)
+    elif args.action == "show":
+        df = tables.read(args.table, args.branch)
+        print(f"{args.table} @ {args.branch}: {df.count()} rows (main: {tables.read(args.table).count()})")
+        df.show(args.rows, truncate=False)
+    elif args.action == "drop":
+        tables.drop_branch(args.table, args.branch)
+        print(f"dropped branch {args.branch} of {args.table}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lakehouse", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    m = sub.add_parser("metadata", help="validate, apply or show metadata")
+    msub = m.add_subparsers(dest="action", required=True)
+    for action in ("validate", "apply"):
+        a = msub.add_parser(action)
+        a.add_argument("path", help="a metadata YAML file or a directory of them")
+        if action == "apply":
+            a.add_argument("--replace", action="store_true", help="replace all metadata instead of merging by key")
+    s = msub.add_parser("show")
+    s.add_argument("section", nargs="?")
+    m.set_defaults(func=cmd_metadata)
+
+    r = sub.add_parser("run", help="materialize a pipeline headless (same code as the UI)")
+    r.add_argument("pipeline")
+    r.set_defaults(func=cmd_run)
+
+    d = sub.add_parser("demo", help="generate deterministic demo landing data")
+    d.add_argument("--rows", type=int, default=200_000)
+    d.add_argument("--files", type=int, default=8)
+    d.add_argument("--seed", type=int, default=42)
+    d.add_argument("--out")
+    d.set_defaults(func=cmd_demo)
+
+    pl = sub.add_parser("pipeline", help="kill switch for a pipeline")
+    pl.add_argument("action", choices=["enable", "disable"])
+    pl.add_argument("pipeline_id")
+    pl.set_defaults(func=cmd_pipeline)
+
+    st = sub.add_parser("stage", help="kill switch for one stage")
+    st.add_argument("action", choices=["enable", "disable"])
+    st.add_argument("pipeline_id")
+    st.add_argument("stage_name")
+    st.set_defaults(func=cmd_stage)
+
+    au = sub.add_parser("audit", help="print the audit log")
+    au.add_argument("--pipeline")
+    au.add_argument("--since", help="ISO timestamp")
+    au.add_argument("--run-id")
+    au.add_argument("--limit", type=int, default=200)
+    au.set_defaults(func=cmd_audit)
+
+    b = sub.add_parser("branches", help="audit branches of Iceberg tables")
+    bsub = b.add_subparsers(dest="action", required=True)
+    bl = bsub.add_parser("list")
+    bl.add_argument("table", nargs="?")
+    bs = bsub.add_parser("show")
+    bs.add_argument("table")
+    bs.add_argument("branch")
+    bs.add_argument("--rows", type=int, default=10)
+    bd = bsub.add_parser("drop")
+    bd.add_argument("table")
+    bd.add_argument("branch")
+    b.set_defaults(func=cmd_branches)
+
+    for register in EXTRA_COMMANDS:
+        register(sub)
+    return p
+
+
+#: Other modules add subcommands here (quarantine, checks, sql, lineage...): each is a function
+#: taking the subparsers object.
+EXTRA_COMMANDS: list[Callable] = []
+
+
+def _load_extra_commands() -> None:
+    import importlib
+
+    for mod in ("lakehouse.cli_extra",):
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name != mod:
+                raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    _load_extra_commands()
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args) or 0
+    except MetadataError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    except KeyError as exc:
+        print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["main", "EXTRA_COMMANDS", "json"]

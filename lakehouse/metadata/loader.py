@@ -1,0 +1,259 @@
+"""Loads the declarative YAML form of the metadata and validates it as a whole.
+
+Every error names the file, the key path inside it and the reason, and a directory is
+accepted or rejected as a unit, so `metadata apply` never half-applies anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+import yaml
+from pydantic import ValidationError
+
+from lakehouse.metadata.model import SECTIONS, Entity, MetadataCatalog, Stage
+
+
+class MetadataError(ValueError):
+    """One or more problems in metadata; `problems` lists them as 'file: path: reason'."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid metadata:\n  " + "\n  ".join(problems))
+
+
+@dataclass
+class Origin:
+    file: str
+    path: str  # e.g. stages[2]
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.path}"
+
+
+@dataclass
+class LoadedMetadata:
+    catalog: MetadataCatalog
+    origins: dict[tuple[str, tuple], Origin] = field(default_factory=dict)
+    base_dir: Path | None = None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML loader that rejects duplicate mapping keys instead of silently keeping the last."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    mapping: dict = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in mapping:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        mapping[key] = loader.construct_object(value_node, deep=deep)
+    return mapping
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def metadata_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise MetadataError([f"{path}: no such metadata file or directory"])
+    return sorted(p for p in path.rglob("*") if p.suffix in (".yaml", ".yml"))
+
+
+def load_metadata(path: str | Path) -> LoadedMetadata:
+    """Parse and validate every YAML file under `path` into one catalog."""
+    root = Path(path)
+    problems: list[str] = []
+    rows: dict[str, list[tuple[Entity, Origin]]] = {s: [] for s in SECTIONS}
+    for f in metadata_files(root):
+        rel = str(f)
+        try:
+            doc = yaml.load(f.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - safe subclass
+        except yaml.YAMLError as exc:
+            problems.append(f"{rel}: YAML error: {exc}")
+            continue
+        except UnicodeDecodeError as exc:
+            problems.append(f"{rel}: not UTF-8 text: {exc}")
+            continue
+        if doc is None:
+            continue
+        if not isinstance(doc, dict):
+            problems.append(f"{rel}: top level must be a mapping of sections, got {type(doc).__name__}")
+            continue
+        for section, items in doc.items():
+            if section not in SECTIONS:
+                problems.append(f"{rel}: {section}: unknown section; known: {', '.join(SECTIONS)}")
+                continue
+            if not isinstance(items, list):
+                problems.append(f"{rel}: {section}: must be a list of rows")
+                continue
+            model = SECTIONS[section]
+            for i, item in enumerate(items):
+                origin = Origin(rel, f"{section}[{i}]")
+                if not isinstance(item, dict):
+                    problems.append(f"{origin}: must be a mapping")
+                    continue
+                if model is Stage and item.get("transformation_file"):
+                    item = dict(item)
+                    sql_path = (f.parent / item.pop("transformation_file")).resolve()
+                    if not sql_path.is_file():
+                        problems.append(f"{origin}.transformation_file: no such file {sql_path}")
+                        continue
+                    item["transformation"] = sql_path.read_text(encoding="utf-8")
+                try:
+                    rows[section].append((model.model_validate(item), origin))
+                except ValidationError as exc:
+                    for err in exc.errors():
+                        problems.append(f"{origin}{_loc(err['loc'])}: {err['msg']}")
+    if problems:
+        raise MetadataError(problems)
+    return build_catalog(rows, base_dir=root if root.is_dir() else root.parent)
+
+
+def build_catalog(rows: dict[str, list[tuple[Entity, Origin]]], base_dir: Path | None = None) -> LoadedMetadata:
+    problems: list[str] = []
+    origins: dict[tuple[str, tuple], Origin] = {}
+    for section, items in rows.items():
+        for entity, origin in items:
+            k = (section, entity.key())
+            if k in origins:
+                problems.append(f"{origin}: duplicate key {entity.key()} in {section}, first defined at {origins[k]}")
+            else:
+                origins[k] = origin
+    if problems:
+        raise MetadataError(problems)
+    catalog = MetadataCatalog(**{s: [e for e, _ in items] for s, items in rows.items()})
+    loaded = LoadedMetadata(catalog, origins, base_dir)
+    check_references(loaded)
+    return loaded
+
+
+def _where(loaded: LoadedMetadata, section: str, key: tuple) -> str:
+    origin = loaded.origins.get((section, key))
+    return str(origin) if origin else f"{section}{list(key)}"
+
+
+def check_references(loaded: LoadedMetadata) -> None:
+    """Cross-row checks: every reference resolves, stage dataflow is acyclic, targets are unique."""
+    from lakehouse.sqlparse import SqlParseError, tables_in_sql
+
+    c = loaded.catalog
+    problems: list[str] = []
+    ids = {
+        "pipeline": {p.pipeline_id for p in c.pipelines},
+        "source": {s.source_id for s in c.sources},
+        "target": {t.target_id for t in c.targets},
+        "rule_set": {v.rule_set_id for v in c.validation_rules},
+        "retry": {r.retry_id for r in c.retry_policies},
+        "profile": {p.profile_id for p in c.profiles} | {"balanced", "focus"},
+    }
+    datasets = ids["source"] | ids["target"]
+
+    def need(kind: str, value: Any, section: str, key: tuple, field_name: str) -> None:
+        if value is not None and value not in ids[kind]:
+            problems.append(
+                f"{_where(loaded, section, key)}.{field_name}: unknown {kind.replace('_', ' ')} {value!r};"
+                f" known: {sorted(ids[kind])}"
+            )
+
+    for p in c.pipelines:
+        need("retry", p.default_retry_id, "pipelines", p.key(), "default_retry_id")
+    for s in c.sources:
+        if s.alternative_source_id is not None:
+            need("source", s.alternative_source_id, "sources", s.key(), "alternative_source_id")
+    for t in c.targets:
+        if t.export_target_id is not None:
+            need("target", t.export_target_id, "targets", t.key(), "export_target_id")
+            if t.export_target_id in ids["target"] and c.target(t.export_target_id).kind != "warehouse":
+                problems.append(f"{_where(loaded, 'targets', t.key())}.export_target_id: must name a warehouse target")
+    seen_idents: dict[str, str] = {}
+    for t in c.targets:
+        if t.kind == "iceberg":
+            ident = t.identifier.lower()
+            if ident in seen_idents:
+                problems.append(
+                    f"{_where(loaded, 'targets', t.key())}: table {ident} is also target {seen_idents[ident]!r}"
+                )
+            seen_idents[ident] = t.target_id
+
+    graph = nx.DiGraph()
+    target_writers: dict[str, tuple] = {}
+    for st in c.stages:
+        key = st.key()
+        where = _where(loaded, "stages", key)
+        need("pipeline", st.pipeline_id, "stages", key, "pipeline_id")
+        need("target", st.target_id, "stages", key, "target_id")
+        if st.source_id is not None and st.source_id not in datasets:
+            problems.append(f"{where}.source_id: unknown source {st.source_id!r}; known: {sorted(datasets)}")
+        need("rule_set", st.validation_set_id, "stages", key, "validation_set_id")
+        need("retry", st.retry_id, "stages", key, "retry_id")
+        if st.target_id in target_writers:
+            problems.append(f"{where}.target_id: target {st.target_id!r} is already written by stage {target_writers[st.target_id]}")
+        target_writers[st.target_id] = key
+        if st.target_id in ids["target"] and c.target(st.target_id).kind != "iceberg":
+            problems.append(f"{where}.target_id: a stage writes an iceberg target; warehouse targets are exports")
+        upstream: list[str] = []
+        if st.source_id:
+            upstream.append(st.source_id)
+        if st.transformation:
+            try:
+                for ident in tables_in_sql(st.transformation):
+                    t = c.target_by_identifier(ident)
+                    if t is None:
+                        problems.append(f"{where}.transformation: table {ident!r} is not the target of any stage")
+                    else:
+                        upstream.append(t.target_id)
+            except SqlParseError as exc:
+                problems.append(f"{where}.transformation: {exc}")
+        for u in upstream:
+            graph.add_edge(u, st.target_id)
+    stage_names: dict[tuple, tuple] = {}
+    for st in c.stages:
+        k = (st.pipeline_id, st.stage_name)
+        if k in stage_names:
+            problems.append(f"{_where(loaded, 'stages', st.key())}.stage_name: duplicate stage name {st.stage_name!r} in pipeline {st.pipeline_id!r}")
+        stage_names[k] = st.key()
+    try:
+        cycle = nx.find_cycle(graph)
+        problems.append("stages: cycle in dataflow: " + " -> ".join([e[0] for e in cycle] + [cycle[0][0]]))
+    except nx.NetworkXNoCycle:
+        pass
+
+    for f in c.control_flags:
+        if f.entity_type == "pipeline":
+            need("pipeline", f.entity_id, "control_flags", f.key(), "entity_id")
+        elif f.entity_type == "stage" and f.entity_id.split(".", 1)[0] not in ids["pipeline"]:
+            problems.append(f"{_where(loaded, 'control_flags', f.key())}.entity_id: stage flag must be 'pipeline.stage'")
+    for pp in c.pipeline_profiles:
+        if pp.pipeline_id != "*":
+            need("pipeline", pp.pipeline_id, "pipeline_profiles", pp.key(), "pipeline_id")
+        need("profile", pp.profile_id, "pipeline_profiles", pp.key(), "profile_id")
+    for th in c.throttles:
+        kind = "source" if th.entity_type == "source" else "target"
+        need(kind, th.entity_id, "throttles", th.key(), "entity_id")
+    for a in c.applications:
+        if a.source_id is not None:
+            need("source", a.source_id, "applications", a.key(), "source_id")
+    for rs in c.validation_rules:
+        for i, r in enumerate(rs.rules):
+            if r.type == "referential_integrity" and r.ref_dataset not in datasets:
+                problems.append(
+                    f"{_where(loaded, 'validation_rules', rs.key())}.rules[{i}].ref_dataset: unknown dataset {r.ref_dataset!r}"
+                )
+    if problems:
+        raise MetadataError(problems)

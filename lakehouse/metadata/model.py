@@ -1,0 +1,639 @@
+"""The typed metadata model: the one source of truth for what the platform does.
+
+Tables follow the seed design (pipelines, stages, sources, targets, validation_rules,
+control_flags, retry_policies, healing_actions, profiles, throttles, lineage, applications,
+audit_log). Structural entities build the asset graph; operational entities (flags,
+throttles, profiles, retry and healing rules) are read at run time from the control DB.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Identifiers end up in Iceberg table names, Dagster keys and pool names: keep them boring.
+IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,127}$")
+
+Layer = Literal["bronze", "silver", "gold", "entity_raw"]
+LAYERS: tuple[str, ...] = ("bronze", "silver", "gold", "entity_raw")
+
+
+def check_ident(value: str, what: str) -> str:
+    if not IDENT_RE.match(value):
+        raise ValueError(
+            f"{what} {value!r} is not a valid identifier "
+            "(letters, digits and '_', starting with a letter or '_', at most 128 chars)"
+        )
+    return value
+
+
+def check_id(value: str, what: str = "id") -> str:
+    if not ID_RE.match(value):
+        raise ValueError(f"{what} {value!r} may only contain letters, digits, '_', '.', ':' and '-'")
+    return value
+
+
+class Entity(BaseModel):
+    """Base of every metadata row: unknown fields are errors, so typos never pass silently."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # Subclasses name their primary key fields; the loader and the store use it for merge-by-key.
+    __key__: tuple[str, ...] = ()
+
+    def key(self) -> tuple:
+        return tuple(getattr(self, f) for f in self.__key__)
+
+
+# --------------------------------------------------------------------------- pipelines
+
+
+class Pipeline(Entity):
+    __key__ = ("pipeline_id",)
+
+    pipeline_id: str
+    description: str = ""
+    owner: str | None = None
+    enabled: bool = True
+    criticality: Literal["critical", "high", "normal", "low"] = "normal"
+    default_retry_id: str | None = None
+    schedule: str | None = Field(default=None, description="cron expression for the pipeline's schedule")
+    timezone: str = "UTC"
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    _v_id = field_validator("pipeline_id")(lambda cls, v: check_ident(v, "pipeline_id"))
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, v: str | None) -> str | None:
+        if v is not None and len(v.split()) not in (5, 6):
+            raise ValueError(f"schedule {v!r} is not a cron expression (5 or 6 fields)")
+        return v
+
+
+class Stage(Entity):
+    __key__ = ("pipeline_id", "stage_order")
+
+    pipeline_id: str
+    stage_order: int = Field(ge=1)
+    stage_name: str
+    layer: Layer
+    source_id: str | None = Field(
+        default=None,
+        description="where the stage reads; for SQL stages the upstream tables are derived from the SQL",
+    )
+    target_id: str
+    transformation: str | None = Field(default=None, description="Spark SQL SELECT producing the target")
+    transformation_file: str | None = Field(default=None, description="path of a .sql file, relative to the metadata file")
+    validation_set_id: str | None = None
+    retry_id: str | None = None
+    enabled: bool = True
+    description: str = ""
+    owner: str | None = None
+
+    _v_name = field_validator("stage_name")(lambda cls, v: check_ident(v, "stage_name"))
+
+    @model_validator(mode="after")
+    def _one_transformation(self) -> Stage:
+        if self.transformation and self.transformation_file:
+            raise ValueError("give either transformation or transformation_file, not both")
+        if self.layer in ("bronze", "entity_raw") and not self.source_id:
+            raise ValueError(f"a {self.layer} stage needs a source_id")
+        if self.layer in ("silver", "gold") and not (self.transformation or self.transformation_file or self.source_id):
+            raise ValueError(f"a {self.layer} stage needs a transformation, a transformation_file or a source_id")
+        return self
+
+
+# --------------------------------------------------------------------------- sources / targets
+
+
+class ColumnSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    type: str = Field(description="Spark SQL type, e.g. string, bigint, timestamp, decimal(10,2)")
+    nullable: bool = True
+    doc: str | None = None
+
+
+class PromoteField(BaseModel):
+    """Copies a nested struct field to a top-level column (predicate pushdown works on top level only)."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(description="dotted path into a struct, e.g. extra.workflow_name")
+    column: str
+
+    _v_col = field_validator("column")(lambda cls, v: check_ident(v, "column"))
+
+
+class Source(Entity):
+    __key__ = ("source_id",)
+
+    source_id: str
+    kind: Literal["files", "s3", "jdbc", "iceberg"]
+    description: str = ""
+    # files / s3
+    format: Literal["parquet", "csv", "jsonl"] | None = None
+    path: str | None = Field(default=None, description="landing directory for kind=files (relative to LAKEHOUSE_HOME)")
+    bucket: str | None = None
+    prefix: str = ""
+    glob: str = "*"
+    endpoint_url: str | None = Field(default=None, description="S3 endpoint; env LAKEHOUSE_S3_ENDPOINT_URL overrides")
+    read_mode: Literal["stage", "direct"] = Field(
+        default="stage", description="stage: download with boto3 then read; direct: Spark reads s3a:// itself"
+    )
+    csv_header: bool = True
+    columns: list[ColumnSpec] = Field(default_factory=list, description="expected schema; empty = infer")
+    promote_fields: list[PromoteField] = Field(default_factory=list)
+    batch_files: int = Field(default=100, ge=1, description="files per Iceberg commit")
+    max_files_per_run: int = Field(default=1000, ge=1)
+    max_bytes_per_run: int = Field(default=10 * 1024**3, ge=1)
+    download_threads: int = Field(default=8, ge=1, le=64)
+    # jdbc
+    jdbc_url: str | None = None
+    jdbc_url_env: str | None = Field(default=None, description="env var holding the JDBC URL (takes precedence)")
+    driver: str | None = None
+    table: str | None = None
+    query: str | None = None
+    user_env: str | None = None
+    password_env: str | None = None
+    load_type: Literal["full", "incremental"] = "full"
+    partitioned: bool = False
+    primary_key: list[str] = Field(default_factory=list)
+    watermark_column: str | None = None
+    watermark_type: Literal["int", "date", "timestamp"] | None = None
+    partition_column: str | None = None
+    partition_size_rows: int = Field(default=1_000_000, ge=1)
+    max_partitions: int = Field(default=64, ge=1)
+    fetchsize: int = Field(default=10_000, ge=1)
+    # iceberg (an existing table read as a source)
+    table_identifier: str | None = None
+    # recovery: an alternative source to fail over to until lineage routing takes over
+    alternative_source_id: str | None = None
+    options: dict[str, str] = Field(default_factory=dict)
+
+    _v_id = field_validator("source_id")(lambda cls, v: check_id(v, "source_id"))
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> Source:
+        if self.kind in ("files", "s3") and not self.format:
+            raise ValueError(f"a {self.kind} source needs a format (parquet, csv or jsonl)")
+        if self.kind == "files" and not self.path:
+            raise ValueError("a files source needs a path")
+        if self.kind == "s3" and not self.bucket:
+            raise ValueError("an s3 source needs a bucket")
+        if self.kind == "jdbc":
+            if not (self.jdbc_url or self.jdbc_url_env):
+                raise ValueError("a jdbc source needs jdbc_url or jdbc_url_env")
+            if bool(self.table) == bool(self.query):
+                raise ValueError("a jdbc source needs exactly one of table or query")
+            if self.jdbc_url and re.search(r"password=", self.jdbc_url, re.I):
+                raise ValueError("jdbc_url must not carry a password: use password_env")
+            if self.load_type == "incremental" and not (self.watermark_column and self.primary_key):
+                raise ValueError("an incremental jdbc source needs watermark_column and primary_key")
+            if self.partitioned and not self.partition_column:
+                raise ValueError("a partitioned jdbc source needs partition_column")
+        if self.kind == "iceberg" and not self.table_identifier:
+            raise ValueError("an iceberg source needs table_identifier")
+        return self
+
+
+class PartitionField(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    column: str
+    transform: Literal["identity", "bucket", "truncate", "year", "month", "day", "hour"] = "identity"
+    param: int | None = Field(default=None, description="N for bucket(N) / truncate(N)")
+
+    @model_validator(mode="after")
+    def _param(self) -> PartitionField:
+        check_ident(self.column, "partition column")
+        if self.transform in ("bucket", "truncate") and not self.param:
+            raise ValueError(f"{self.transform} needs param (N)")
+        return self
+
+
+class SortField(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    column: str
+    direction: Literal["asc", "desc"] = "asc"
+    nulls: Literal["first", "last"] | None = None
+
+    _v_col = field_validator("column")(lambda cls, v: check_ident(v, "sort column"))
+
+
+class Target(Entity):
+    __key__ = ("target_id",)
+
+    target_id: str
+    kind: Literal["iceberg", "warehouse"] = "iceberg"
+    description: str = ""
+    namespace: str | None = None
+    table: str | None = None
+    partition_spec: list[PartitionField] = Field(default_factory=list)
+    sort_order: list[SortField] = Field(default_factory=list)
+    write_mode: Literal["append", "overwrite", "overwrite_partitions", "merge"] = "append"
+    merge_keys: list[str] = Field(default_factory=list)
+    table_properties: dict[str, str] = Field(default_factory=dict)
+    export_target_id: str | None = Field(default=None, description="a warehouse target this table is exported to")
+    # warehouse
+    jdbc_url: str | None = None
+    jdbc_url_env: str | None = None
+    user_env: str | None = None
+    password_env: str | None = None
+    warehouse_schema: str | None = None
+    warehouse_table: str | None = None
+
+    _v_id = field_validator("target_id")(lambda cls, v: check_id(v, "target_id"))
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> Target:
+        if self.kind == "iceberg":
+            if not (self.namespace and self.table):
+                raise ValueError("an iceberg target needs namespace and table")
+            check_ident(self.namespace, "namespace")
+            check_ident(self.table, "table")
+            if self.write_mode == "merge" and not self.merge_keys:
+                raise ValueError("write_mode merge needs merge_keys")
+        else:
+            if not (self.jdbc_url or self.jdbc_url_env):
+                raise ValueError("a warehouse target needs jdbc_url or jdbc_url_env")
+            if not self.warehouse_table:
+                raise ValueError("a warehouse target needs warehouse_table")
+        return self
+
+    @property
+    def identifier(self) -> str:
+        """namespace.table, as PyIceberg and Spark (within the lake catalog) name it."""
+        return f"{self.namespace}.{self.table}"
+
+
+# --------------------------------------------------------------------------- validation
+
+
+RuleType = Literal[
+    "row_count",
+    "row_count_change",
+    "freshness",
+    "schema_contract",
+    "unique",
+    "referential_integrity",
+    "not_null",
+    "accepted_values",
+    "range",
+    "regex",
+    "expression",
+]
+ROW_RULES = {"not_null", "accepted_values", "range", "regex", "expression"}
+_RULE_REQUIRES: dict[str, tuple[str, ...]] = {
+    "row_count": (),
+    "row_count_change": ("max_change_pct",),
+    "freshness": ("column", "max_age_seconds"),
+    "schema_contract": ("expected_columns",),
+    "unique": ("columns",),
+    "referential_integrity": ("columns", "ref_dataset", "ref_columns"),
+    "not_null": ("columns",),
+    "accepted_values": ("column", "values"),
+    "range": ("column",),
+    "regex": ("column", "pattern"),
+    "expression": ("expression",),
+}
+
+
+class Rule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    type: RuleType
+    enabled: bool = True
+    severity: Literal["warn", "error"] = "error"
+    action: Literal["warn", "drop", "quarantine", "fail"] = "fail"
+    description: str = ""
+    column: str | None = None
+    columns: list[str] = Field(default_factory=list)
+    min: float | str | None = None
+    max: float | str | None = None
+    values: list[Any] = Field(default_factory=list)
+    pattern: str | None = None
+    expression: str | None = Field(default=None, description="Spark SQL boolean; true = row passes")
+    max_change_pct: float | None = None
+    max_age_seconds: int | None = None
+    expected_columns: list[ColumnSpec] = Field(default_factory=list)
+    schema_policy: Literal["evolve", "freeze", "fail"] = "fail"
+    ref_dataset: str | None = None
+    ref_columns: list[str] = Field(default_factory=list)
+
+    _v_name = field_validator("name")(lambda cls, v: check_ident(v, "rule name"))
+
+    @model_validator(mode="after")
+    def _required(self) -> Rule:
+        missing = [f for f in _RULE_REQUIRES[self.type] if not getattr(self, f)]
+        if missing:
+            raise ValueError(f"rule {self.name!r} of type {self.type} needs {', '.join(missing)}")
+        if self.type == "range" and self.min is None and self.max is None:
+            raise ValueError(f"range rule {self.name!r} needs min or max")
+        if self.type not in ROW_RULES and self.action in ("drop", "quarantine"):
+            raise ValueError(f"rule {self.name!r}: action {self.action} applies to row rules only")
+        if self.pattern:
+            try:
+                re.compile(self.pattern)
+            except re.error as exc:
+                raise ValueError(f"rule {self.name!r}: bad regex {self.pattern!r}: {exc}") from exc
+        return self
+
+    @property
+    def is_row_rule(self) -> bool:
+        return self.type in ROW_RULES
+
+    @property
+    def blocking(self) -> bool:
+        return self.severity == "error"
+
+
+class ValidationRuleSet(Entity):
+    __key__ = ("rule_set_id",)
+
+    rule_set_id: str
+    description: str = ""
+    rules: list[Rule] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> ValidationRuleSet:
+        seen: set[str] = set()
+        for r in self.rules:
+            if r.name in seen:
+                raise ValueError(f"duplicate rule name {r.name!r} in rule set {self.rule_set_id!r}")
+            seen.add(r.name)
+        return self
+
+
+# --------------------------------------------------------------------------- control plane
+
+
+class ControlFlag(Entity):
+    __key__ = ("entity_type", "entity_id", "flag_name")
+
+    entity_type: Literal["pipeline", "stage", "source", "target", "platform"]
+    entity_id: str = Field(description="pipeline_id, or pipeline_id.stage_name for a stage")
+    flag_name: str = "enabled"
+    flag_value: bool = True
+    updated_at: datetime | None = None
+    updated_by: str | None = None
+
+
+class RetryPolicy(Entity):
+    __key__ = ("retry_id",)
+
+    retry_id: str
+    max_retries: int = Field(default=3, ge=0, le=100)
+    delay_seconds: float = Field(default=5.0, ge=0)
+    backoff: Literal["constant", "linear", "exponential"] = "exponential"
+    jitter: Literal["none", "full", "plus_minus"] = "plus_minus"
+
+
+class HealingAction(Entity):
+    __key__ = ("healing_id",)
+
+    healing_id: str
+    description: str = ""
+    error_class: str | None = Field(default=None, description="exception class name (or a base class name)")
+    message_regex: str | None = None
+    error_code: str | None = Field(default=None, description="a code the platform assigns, see lakehouse.errors")
+    actions: list[
+        Literal[
+            "retry_after_backoff",
+            "refresh_and_recommit",
+            "evolve_schema",
+            "quarantine_input",
+            "shrink_batch",
+            "restart_spark_session",
+            "switch_to_recovery_path",
+            "run_command",
+        ]
+    ] = Field(min_length=1)
+    max_attempts: int = Field(default=3, ge=1, le=20)
+    backoff_seconds: float = Field(default=1.0, ge=0)
+    command: str | None = None
+    command_timeout_seconds: int = Field(default=300, ge=1)
+    priority: int = 100
+
+    @model_validator(mode="after")
+    def _matcher(self) -> HealingAction:
+        if not (self.error_class or self.message_regex or self.error_code):
+            raise ValueError(f"healing action {self.healing_id!r} needs error_class, message_regex or error_code")
+        if "run_command" in self.actions and not self.command:
+            raise ValueError(f"healing action {self.healing_id!r} uses run_command but has no command")
+        if self.message_regex:
+            re.compile(self.message_regex)
+        return self
+
+
+class Profile(Entity):
+    __key__ = ("profile_id",)
+
+    profile_id: Literal["balanced", "focus"] | str
+    description: str = ""
+
+
+class PipelineProfile(Entity):
+    __key__ = ("pipeline_id",)
+
+    pipeline_id: str = Field(description="a pipeline id, or '*' for the global profile")
+    profile_id: str
+
+
+class ProfileSetting(Entity):
+    __key__ = ("profile_id", "setting_key")
+
+    profile_id: str
+    setting_key: str
+    setting_value: float
+
+
+class Throttle(Entity):
+    __key__ = ("throttle_id",)
+
+    throttle_id: str
+    entity_type: Literal["source", "target"]
+    entity_id: str
+    metric: Literal["max_concurrent", "records_per_minute", "bytes_per_hour"]
+    threshold: float = Field(gt=0)
+
+    @property
+    def pool(self) -> str:
+        return f"{self.entity_type}:{self.entity_id}"
+
+
+class DatasetLineage(Entity):
+    __key__ = ("from_dataset_id", "to_dataset_id")
+
+    from_dataset_id: str
+    to_dataset_id: str
+    transform_name: str = ""
+    cost: float = Field(default=1.0, ge=0)
+    is_default: bool = True
+    transformation_sql: str | None = None
+    column_lineage: dict[str, list[str]] = Field(default_factory=dict)
+
+
+class DatasetRecoveryPath(Entity):
+    __key__ = ("dataset_id", "path_order")
+
+    dataset_id: str
+    path_order: int = Field(ge=1)
+    path_sequence: list[str]
+    cost: float = 0.0
+
+
+class Application(Entity):
+    """A registered application: entity_raw.<application_id> exists for each one."""
+
+    __key__ = ("application_id",)
+
+    application_id: str
+    description: str = ""
+    enabled: bool = True
+    source_id: str | None = Field(default=None, description="where the application's extraction output lands")
+    entity_name_fields: dict[str, str] = Field(
+        default_factory=lambda: {
+            "database": "database_name",
+            "schema": "schema_name",
+            "table": "table_name",
+            "view": "view_name",
+            "column": "column_name",
+        },
+        description="typename -> raw field holding the entity's name",
+    )
+
+    _v_id = field_validator("application_id")(lambda cls, v: check_ident(v.lower(), "application_id"))
+
+
+class AuditLogEntry(BaseModel):
+    """Written by the platform, never by YAML; the control DB assigns the id."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: int | None = None
+    ts: datetime | None = None
+    run_id: str | None = None
+    pipeline_id: str | None = None
+    stage_name: str | None = None
+    dataset: str | None = None
+    event: str
+    error_class: str | None = None
+    message: str | None = None
+    action: str | None = None
+    outcome: str | None = None
+    duration_ms: int | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class PlatformSetting(Entity):
+    __key__ = ("setting_key",)
+
+    setting_key: str
+    setting_value: str
+
+
+# --------------------------------------------------------------------------- the catalog
+
+#: section name in YAML / control-DB table name -> model; order matters for FK checks.
+SECTIONS: dict[str, type[Entity]] = {
+    "pipelines": Pipeline,
+    "sources": Source,
+    "targets": Target,
+    "validation_rules": ValidationRuleSet,
+    "retry_policies": RetryPolicy,
+    "stages": Stage,
+    "control_flags": ControlFlag,
+    "healing_actions": HealingAction,
+    "profiles": Profile,
+    "pipeline_profiles": PipelineProfile,
+    "profile_settings": ProfileSetting,
+    "throttles": Throttle,
+    "dataset_lineage": DatasetLineage,
+    "dataset_recovery_paths": DatasetRecoveryPath,
+    "applications": Application,
+    "platform_settings": PlatformSetting,
+}
+
+
+class MetadataCatalog(BaseModel):
+    """Every metadata row, validated together: cross references, stage cycles, duplicate keys."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pipelines: list[Pipeline] = Field(default_factory=list)
+    sources: list[Source] = Field(default_factory=list)
+    targets: list[Target] = Field(default_factory=list)
+    validation_rules: list[ValidationRuleSet] = Field(default_factory=list)
+    retry_policies: list[RetryPolicy] = Field(default_factory=list)
+    stages: list[Stage] = Field(default_factory=list)
+    control_flags: list[ControlFlag] = Field(default_factory=list)
+    healing_actions: list[HealingAction] = Field(default_factory=list)
+    profiles: list[Profile] = Field(default_factory=list)
+    pipeline_profiles: list[PipelineProfile] = Field(default_factory=list)
+    profile_settings: list[ProfileSetting] = Field(default_factory=list)
+    throttles: list[Throttle] = Field(default_factory=list)
+    dataset_lineage: list[DatasetLineage] = Field(default_factory=list)
+    dataset_recovery_paths: list[DatasetRecoveryPath] = Field(default_factory=list)
+    applications: list[Application] = Field(default_factory=list)
+    platform_settings: list[PlatformSetting] = Field(default_factory=list)
+
+    # ---- lookups
+    def pipeline(self, pipeline_id: str) -> Pipeline:
+        return _find(self.pipelines, "pipeline", pipeline_id)
+
+    def source(self, source_id: str) -> Source:
+        return _find(self.sources, "source", source_id)
+
+    def target(self, target_id: str) -> Target:
+        return _find(self.targets, "target", target_id)
+
+    def rule_set(self, rule_set_id: str) -> ValidationRuleSet:
+        return _find(self.validation_rules, "validation rule set", rule_set_id)
+
+    def retry_policy(self, retry_id: str) -> RetryPolicy:
+        return _find(self.retry_policies, "retry policy", retry_id)
+
+    def stages_of(self, pipeline_id: str) -> list[Stage]:
+        return sorted((s for s in self.stages if s.pipeline_id == pipeline_id), key=lambda s: s.stage_order)
+
+    def stage(self, pipeline_id: str, stage_name: str) -> Stage:
+        for s in self.stages:
+            if s.pipeline_id == pipeline_id and s.stage_name == stage_name:
+                return s
+        names = [s.stage_name for s in self.stages_of(pipeline_id)]
+        raise KeyError(f"unknown stage {stage_name!r} of pipeline {pipeline_id!r}; known: {names}")
+
+    def stage_for_target(self, target_id: str) -> Stage | None:
+        for s in self.stages:
+            if s.target_id == target_id:
+                return s
+        return None
+
+    def target_by_identifier(self, identifier: str) -> Target | None:
+        ident = identifier.lower()
+        for t in self.targets:
+            if t.kind == "iceberg" and t.identifier.lower() == ident:
+                return t
+        return None
+
+    def application(self, application_id: str) -> Application:
+        return _find(self.applications, "application", application_id.lower())
+
+    def setting(self, key: str, default: str | None = None) -> str | None:
+        for s in self.platform_settings:
+            if s.setting_key == key:
+                return s.setting_value
+        return default
+
+
+def _find(rows: list, what: str, key: str):
+    for r in rows:
+        if r.key() == (key,):
+            return r
+    known = sorted(str(r.key()[0]) for r in rows)
+    raise KeyError(f"unknown {what} {key!r}; known: {known}")

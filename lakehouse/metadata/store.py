@@ -1,0 +1,280 @@
+"""The control database: metadata in relational tables (SQLite embedded, PostgreSQL by URL).
+
+Tables are derived from the pydantic model, one column per scalar field (so operators can
+`UPDATE control_flags SET flag_value = false ...` with plain SQL) and JSON text for nested
+fields. `apply` merges by key in a single transaction after validating the merged result.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import sqlalchemy as sa
+from pydantic import BaseModel
+
+from lakehouse.metadata.loader import LoadedMetadata, Origin, build_catalog
+from lakehouse.metadata.model import SECTIONS, AuditLogEntry, ControlFlag, Entity, MetadataCatalog
+
+metadata_obj = sa.MetaData()
+
+
+def _unwrap(annotation: Any) -> Any:
+    origin = get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return _unwrap(args[0])
+        return args
+    return annotation
+
+
+def _sa_type(annotation: Any) -> tuple[sa.types.TypeEngine, bool]:
+    """(column type, is_json) for a pydantic field annotation."""
+    a = _unwrap(annotation)
+    if isinstance(a, list):  # a union of several types: store as JSON
+        return sa.Text(), True
+    if get_origin(a) is Literal:
+        return sa.String(64), False
+    if a is bool:
+        return sa.Boolean(), False
+    if a is int:
+        return sa.BigInteger(), False
+    if a is float:
+        return sa.Float(), False
+    if a is str:
+        return sa.Text(), False
+    if a is datetime:
+        return sa.DateTime(timezone=True), False
+    return sa.Text(), True
+
+
+def _table_for(name: str, model: type[BaseModel], key: tuple[str, ...]) -> tuple[sa.Table, set[str]]:
+    cols = []
+    json_cols: set[str] = set()
+    for fname, finfo in model.model_fields.items():
+        typ, is_json = _sa_type(finfo.annotation)
+        if fname in key and isinstance(typ, sa.Text):
+            typ = sa.String(255)  # indexable primary key
+        if is_json:
+            json_cols.add(fname)
+        cols.append(sa.Column(fname, typ, primary_key=fname in key, nullable=fname not in key))
+    return sa.Table(name, metadata_obj, *cols), json_cols
+
+
+TABLES: dict[str, tuple[sa.Table, set[str]]] = {
+    section: _table_for(section, model, model.__key__) for section, model in SECTIONS.items()
+}
+
+audit_log = sa.Table(
+    "audit_log",
+    metadata_obj,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("ts", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("run_id", sa.String(64)),
+    sa.Column("pipeline_id", sa.String(128)),
+    sa.Column("stage_name", sa.String(128)),
+    sa.Column("dataset", sa.String(255)),
+    sa.Column("event", sa.String(64), nullable=False),
+    sa.Column("error_class", sa.String(255)),
+    sa.Column("message", sa.Text),
+    sa.Column("action", sa.String(64)),
+    sa.Column("outcome", sa.String(64)),
+    sa.Column("duration_ms", sa.BigInteger),
+    sa.Column("details", sa.Text),
+    sa.Index("ix_audit_pipeline_ts", "pipeline_id", "ts"),
+)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class MetadataStore:
+    """Reads and writes the control database. Cheap to construct; engines are cached per URL."""
+
+    _engines: dict[str, sa.Engine] = {}
+
+    def __init__(self, url: str):
+        self.url = url
+        if url not in self._engines:
+            if url.startswith("sqlite:///"):
+                Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+                engine = sa.create_engine(url, connect_args={"timeout": 30})
+            else:
+                engine = sa.create_engine(url, pool_pre_ping=True)
+            self._engines[url] = engine
+        self.engine = self._engines[url]
+
+    def __repr__(self) -> str:  # never print credentials embedded in a URL
+        return f"MetadataStore({self.engine.url.render_as_string(hide_password=True)})"
+
+    def create_all(self) -> None:
+        metadata_obj.create_all(self.engine)
+
+    # ------------------------------------------------------------------ read
+    def load(self) -> MetadataCatalog:
+        self.create_all()
+        data: dict[str, list] = {}
+        with self.engine.connect() as conn:
+            for section, (table, json_cols) in TABLES.items():
+                model = SECTIONS[section]
+                rows = []
+                for r in conn.execute(sa.select(table)).mappings():
+                    d = {k: (json.loads(v) if k in json_cols and v is not None else v) for k, v in r.items()}
+                    d = {k: v for k, v in d.items() if v is not None}
+                    rows.append(model.model_validate(d))
+                data[section] = sorted(rows, key=lambda e: tuple(str(x) for x in e.key()))
+        return MetadataCatalog(**data)
+
+    def load_validated(self) -> LoadedMetadata:
+        catalog = self.load()
+        rows = {
+            s: [(e, Origin("control-db", f"{s}{list(e.key())}")) for e in getattr(catalog, s)] for s in SECTIONS
+        }
+        return build_catalog(rows)
+
+    # ------------------------------------------------------------------ write
+    def apply(self, incoming: LoadedMetadata, *, replace: bool = False) -> dict[str, int]:
+        """Merge rows by key (or replace everything) in one transaction; validate the result first."""
+        self.create_all()
+        current = MetadataCatalog() if replace else self.load()
+        merged_rows: dict[str, list[tuple[Entity, Origin]]] = {}
+        for section in SECTIONS:
+            by_key: dict[tuple, tuple[Entity, Origin]] = {
+                e.key(): (e, Origin("control-db", f"{section}{list(e.key())}")) for e in getattr(current, section)
+            }
+            for e in getattr(incoming.catalog, section):
+                by_key[e.key()] = (e, incoming.origins.get((section, e.key()), Origin("input", section)))
+            merged_rows[section] = list(by_key.values())
+        build_catalog(merged_rows)  # raises MetadataError naming file and key path
+        counts: dict[str, int] = {}
+        with self.engine.begin() as conn:
+            for section, (table, json_cols) in TABLES.items():
+                model = SECTIONS[section]
+                if replace:
+                    conn.execute(sa.delete(table))
+                entities = getattr(incoming.catalog, section)
+                for e in entities:
+                    self._upsert(conn, table, json_cols, model, e)
+                counts[section] = len(entities)
+        return counts
+
+    @staticmethod
+    def _row(e: Entity, json_cols: set[str]) -> dict[str, Any]:
+        d = e.model_dump(mode="json")
+        if isinstance(e, ControlFlag) and d.get("updated_at") is None:
+            d["updated_at"] = _now()
+        elif "updated_at" in d and isinstance(d["updated_at"], str):
+            d["updated_at"] = datetime.fromisoformat(d["updated_at"])
+        return {k: (json.dumps(v) if k in json_cols and v is not None else v) for k, v in d.items()}
+
+    def _upsert(self, conn: sa.Connection, table: sa.Table, json_cols: set[str], model: type[Entity], e: Entity) -> None:
+        where = sa.and_(*[table.c[k] == v for k, v in zip(model.__key__, e.key(), strict=True)])
+        conn.execute(sa.delete(table).where(where))
+        conn.execute(sa.insert(table).values(**self._row(e, json_cols)))
+
+    def upsert(self, entities: Iterable[Entity]) -> None:
+        """Write operational rows (flags, profiles, throttles...) without re-validating the catalog."""
+        self.create_all()
+        section_of = {m: s for s, m in SECTIONS.items()}
+        with self.engine.begin() as conn:
+            for e in entities:
+                section = section_of[type(e)]
+                table, json_cols = TABLES[section]
+                self._upsert(conn, table, json_cols, type(e), e)
+
+    # ------------------------------------------------------------------ control flags
+    def set_enabled(self, entity_type: str, entity_id: str, enabled: bool, by: str | None = None) -> None:
+        self.upsert([ControlFlag(entity_type=entity_type, entity_id=entity_id, flag_value=enabled,
+                                 updated_at=_now(), updated_by=by)])
+
+    def flag(self, entity_type: str, entity_id: str, flag_name: str = "enabled") -> bool | None:
+        table, _ = TABLES["control_flags"]
+        self.create_all()
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(table.c.flag_value).where(
+                    table.c.entity_type == entity_type, table.c.entity_id == entity_id, table.c.flag_name == flag_name
+                )
+            ).first()
+        return None if row is None else bool(row[0])
+
+    def enabled(self, pipeline_id: str, stage_name: str | None = None) -> tuple[bool, str]:
+        """Is this pipeline (and stage) allowed to run right now? Returns (ok, reason).
+
+        Reads the control tables on every call: a flag flipped by CLI or plain SQL applies at once.
+        """
+        self.create_all()
+        pipes, _ = TABLES["pipelines"]
+        stages, _ = TABLES["stages"]
+        with self.engine.connect() as conn:
+            p = conn.execute(sa.select(pipes.c.enabled).where(pipes.c.pipeline_id == pipeline_id)).first()
+            st = None
+            if stage_name is not None:
+                st = conn.execute(
+                    sa.select(stages.c.enabled).where(
+                        stages.c.pipeline_id == pipeline_id, stages.c.stage_name == stage_name
+                    )
+                ).first()
+        if p is None:
+            return False, f"pipeline {pipeline_id!r} is not in the control database"
+        if self.flag("platform", "*") is False:
+            return False, "the whole platform is disabled (control_flags platform/*)"
+        pf = self.flag("pipeline", pipeline_id)
+        if pf is False or (pf is None and not p[0]):
+            return False, f"pipeline {pipeline_id!r} is disabled by control_flags"
+        if stage_name is not None:
+            sf = self.flag("stage", f"{pipeline_id}.{stage_name}")
+            if sf is False or (sf is None and st is not None and not st[0]):
+                return False, f"stage {pipeline_id}.{stage_name} is disabled by control_flags"
+        return True, "enabled"
+
+    # ------------------------------------------------------------------ audit log
+    def audit(self, entry: AuditLogEntry | None = None, **fields: Any) -> None:
+        e = entry or AuditLogEntry(**fields)
+        self.create_all()
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.insert(audit_log).values(
+                    ts=e.ts or _now(),
+                    run_id=e.run_id,
+                    pipeline_id=e.pipeline_id,
+                    stage_name=e.stage_name,
+                    dataset=e.dataset,
+                    event=e.event,
+                    error_class=e.error_class,
+                    message=(e.message or "")[:4000] or None,
+                    action=e.action,
+                    outcome=e.outcome,
+                    duration_ms=e.duration_ms,
+                    details=json.dumps(e.details, default=str),
+                )
+            )
+
+    def audit_entries(
+        self,
+        pipeline_id: str | None = None,
+        since: datetime | None = None,
+        run_id: str | None = None,
+        event: str | None = None,
+        limit: int = 1000,
+    ) -> list[AuditLogEntry]:
+        self.create_all()
+        q = sa.select(audit_log).order_by(audit_log.c.id)
+        if pipeline_id:
+            q = q.where(audit_log.c.pipeline_id == pipeline_id)
+        if since:
+            q = q.where(audit_log.c.ts >= since)
+        if run_id:
+            q = q.where(audit_log.c.run_id == run_id)
+        if event:
+            q = q.where(audit_log.c.event == event)
+        with self.engine.connect() as conn:
+            rows = conn.execute(q.limit(limit)).mappings().all()
+        return [AuditLogEntry(**{**r, "details": json.loads(r["details"] or "{}")}) for r in rows]

@@ -1,0 +1,370 @@
+"""Runs one stage: extract (plan the input) → write to an audit branch → validate → publish.
+
+This is the platform's domain core; the Dagster assets in `lakehouse_assets` are a thin shell
+around `StageRunner.extract` (the op in the source's pool) and `StageRunner.load` (the op in
+the target's pool). Operational metadata (flags, rules, retry and healing) is read from the
+control database on every call, so a metadata update applies to the next step without a redeploy.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from lakehouse.iceberg import MAIN, IcebergTables, WriteResult, branch_name_for_run
+from lakehouse.ingest import files as file_ingest
+from lakehouse.metadata.model import MetadataCatalog, Pipeline, Rule, Source, Stage, Target
+from lakehouse.metadata.store import MetadataStore
+from lakehouse.settings import Settings, load_settings
+from lakehouse.validation import CheckOutcome, evaluate_rules, split_row_actions
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+
+class StageDisabled(RuntimeError):
+    """The control flags say this pipeline/stage must not run (or publish) now."""
+
+
+class AuditFailed(RuntimeError):
+    """A blocking (error-severity) rule failed: main is untouched, the branch is kept."""
+
+    def __init__(self, message: str, outcomes: list[CheckOutcome], branch: str):
+        super().__init__(message)
+        self.outcomes = outcomes
+        self.branch = branch
+
+
+@dataclass
+class Platform:
+    """Everything a stage needs from the outside world, built from settings."""
+
+    settings: Settings
+    store: MetadataStore
+
+    @classmethod
+    def from_env(cls) -> Platform:
+        s = load_settings()
+        return cls(s, MetadataStore(s.control_db_url))
+
+    def spark(self) -> SparkSession:
+        from lakehouse.spark import get_spark
+
+        return get_spark(self.settings)
+
+    def tables(self) -> IcebergTables:
+        return IcebergTables(self.spark(), self.settings.catalog_name)
+
+    def catalog(self) -> MetadataCatalog:
+        return self.store.load()
+
+
+@dataclass
+class Batch:
+    """One Iceberg commit's worth of input."""
+
+    df: DataFrame
+    snapshot_properties: dict[str, str] = field(default_factory=dict)
+    files: list[file_ingest.FileRef] = field(default_factory=list)
+    label: str = ""
+
+
+@dataclass
+class ExtractPlan:
+    """What the load step will read; small and picklable (it crosses the op boundary)."""
+
+    pipeline_id: str
+    stage_name: str
+    kind: str
+    files: list[file_ingest.FileRef] = field(default_factory=list)
+    upstream_snapshots: dict[str, int | None] = field(default_factory=dict)
+    staged_path: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    skipped_reason: str | None = None
+    source_id: str | None = None
+
+
+@dataclass
+class StageOutcome:
+    pipeline_id: str
+    stage_name: str
+    target: Target
+    published: bool
+    branch: str
+    writes: list[WriteResult] = field(default_factory=list)
+    checks: list[CheckOutcome] = field(default_factory=list)
+    snapshot_id: int | None = None
+    rows_written: int = 0
+    quarantined_rows: int = 0
+    skipped_reason: str | None = None
+    duration_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def metadata(self) -> dict[str, Any]:
+        """Materialization metadata: what a person needs to trust the table, never secrets."""
+        md: dict[str, Any] = {
+            "table": f"{self.target.identifier}",
+            "snapshot_id": str(self.snapshot_id) if self.snapshot_id is not None else "none",
+            "rows_written": self.rows_written,
+            "commits": len(self.writes),
+            "write_mode": self.target.write_mode,
+            "published": self.published,
+            "audit_branch": self.branch,
+            "duration_s": round(self.duration_s, 3),
+        }
+        if self.target.partition_spec:
+            md["partition_spec"] = ", ".join(
+                p.transform + ("" if p.param is None else f"[{p.param}]") + f"({p.column})"
+                for p in self.target.partition_spec
+            )
+        if self.quarantined_rows:
+            md["quarantined_rows"] = self.quarantined_rows
+        if self.skipped_reason:
+            md["skipped_reason"] = self.skipped_reason
+        md.update(self.extra)
+        return md
+
+
+class StageRunner:
+    """One stage of one pipeline in one run."""
+
+    def __init__(self, platform: Platform, pipeline_id: str, stage_name: str, run_id: str | None = None,
+                 logger: logging.Logger | None = None):
+        self.platform = platform
+        self.run_id = run_id or uuid.uuid4().hex
+        self.log = logger or log
+        self.catalog = platform.catalog()
+        self.stage: Stage = self.catalog.stage(pipeline_id, stage_name)
+        self.pipeline: Pipeline = self.catalog.pipeline(pipeline_id)
+        self.target: Target = self.catalog.target(self.stage.target_id)
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def source(self) -> Source | None:
+        sid = self.stage.source_id
+        if sid is None:
+            return None
+        return next((s for s in self.catalog.sources if s.source_id == sid), None)
+
+    @property
+    def rules(self) -> list[Rule]:
+        if not self.stage.validation_set_id:
+            return []
+        return self.catalog.rule_set(self.stage.validation_set_id).rules
+
+    def audit(self, event: str, **fields: Any) -> None:
+        self.platform.store.audit(run_id=self.run_id, pipeline_id=self.stage.pipeline_id,
+                                  stage_name=self.stage.stage_name, dataset=self.target.identifier,
+                                  event=event, **fields)
+
+    def require_enabled(self, when: str) -> None:
+        ok, reason = self.platform.store.enabled(self.stage.pipeline_id, self.stage.stage_name)
+        if not ok:
+            self.audit("kill_switch", outcome="stopped", message=f"{when}: {reason}")
+            raise StageDisabled(f"{reason}; stopped {when}. Re-enable with "
+                                f"`lakehouse pipeline enable {self.stage.pipeline_id}` or "
+                                f"`lakehouse stage enable {self.stage.pipeline_id} {self.stage.stage_name}`.")
+
+    # ------------------------------------------------------------------ extract
+    def extract(self) -> ExtractPlan:
+        self.require_enabled("before extract")
+        src = self.source
+        plan = ExtractPlan(self.stage.pipeline_id, self.stage.stage_name,
+                           kind=src.kind if src else "sql", source_id=src.source_id if src else None)
+        if src is None or self.stage.transformation:
+            plan.kind = "sql"
+            plan.upstream_snapshots = self._pin_upstream()
+        elif src.kind == "files":
+            self._plan_local_files(src, plan)
+        elif src.kind == "iceberg":
+            plan.upstream_snapshots = {src.table_identifier: self.platform.tables().snapshot_id(src.table_identifier)}
+        else:
+            from importlib import import_module
+
+            # s3 / jdbc extraction live in their own modules (lakehouse.ingest.s3 / .jdbc)
+            import_module(f"lakehouse.ingest.{src.kind}").plan(self, src, plan)
+        return plan
+
+    def upstream_identifiers(self) -> list[str]:
+        from lakehouse.sqlparse import tables_in_sql
+
+        if self.stage.transformation:
+            return tables_in_sql(self.stage.transformation)
+        src = self.source
+        if src is None:
+            return []
+        if src.kind == "iceberg":
+            return [src.table_identifier]
+        up = self.catalog.target(src.source_id) if any(t.target_id == src.source_id for t in self.catalog.targets) else None
+        return [up.identifier] if up else []
+
+    def _pin_upstream(self) -> dict[str, int | None]:
+        tables = self.platform.tables()
+        return {ident: tables.snapshot_id(ident) for ident in self.upstream_identifiers()}
+
+    def processed_files(self) -> set[tuple[str, str]]:
+        """(key, etag) of every file already committed to main, from the snapshot summaries."""
+        tables = self.platform.tables()
+        ident = self.target.identifier
+        if not tables.exists(ident):
+            return set()
+        from lakehouse.ingest.checkpoints import processed_files
+
+        return processed_files(self.platform, tables, ident)
+
+    def _plan_local_files(self, src: Source, plan: ExtractPlan) -> None:
+        found = file_ingest.list_local_files(src, self.platform.settings.landing_dir)
+        done = self.processed_files()
+        new = [f for f in found if (f.key, f.etag) not in done]
+        plan.files = file_ingest.select_for_run(new, src)
+        plan.details = {"files_found": len(found), "files_new": len(new), "files_planned": len(plan.files)}
+        if not plan.files:
+            plan.skipped_reason = f"no new files in {file_ingest.landing_root(src, self.platform.settings.landing_dir)}"
+
+    # ------------------------------------------------------------------ load
+    def input_batches(self, plan: ExtractPlan) -> Iterator[Batch]:
+        spark = self.platform.spark()
+        if plan.kind == "sql":
+            yield Batch(self._run_sql(plan), {"lakehouse.upstream": _json(plan.upstream_snapshots)}, label="sql")
+        elif plan.kind in ("files", "s3"):
+            src = self.source
+            from lakehouse.ingest.checkpoints import read_batch
+
+            for chunk in file_ingest.batches(plan.files, src.batch_files):
+                df, good, bad = read_batch(self, spark, src, chunk)
+                props = {file_ingest.CHECKPOINT_PROPERTY: file_ingest.checkpoint_value(good + bad),
+                         "lakehouse.run_id": self.run_id}
+                if df is not None:
+                    yield Batch(df, props, good, label=f"{len(good)} files")
+        elif plan.kind == "iceberg":
+            src = self.source
+            snap = plan.upstream_snapshots.get(src.table_identifier)
+            reader = spark.read.format("iceberg")
+            if snap is not None:
+                reader = reader.option("snapshot-id", str(snap))
+            yield Batch(reader.load(f"{self.platform.settings.catalog_name}.{src.table_identifier}"), label="table")
+        else:
+            from importlib import import_module
+
+            yield from import_module(f"lakehouse.ingest.{plan.kind}").batches(self, plan)
+
+    def _run_sql(self, plan: ExtractPlan) -> DataFrame:
+        from lakehouse.sqlparse import rewrite_tables
+
+        spark = self.platform.spark()
+        cat = self.platform.settings.catalog_name
+        mapping = {}
+        for ident, snap in plan.upstream_snapshots.items():
+            view = "__lh_" + ident.replace(".", "__") + "_" + self.run_id[:8]
+            reader = spark.read.format("iceberg")
+            if snap is not None:
+                reader = reader.option("snapshot-id", str(snap))
+            reader.load(f"{cat}.{ident}").createOrReplaceTempView(view)
+            mapping[ident.lower()] = view
+        sql = self.stage.transformation or f"SELECT * FROM {next(iter(mapping.values()))}"
+        return spark.sql(rewrite_tables(sql, mapping))
+
+    def load(self, plan: ExtractPlan) -> StageOutcome:
+        """Write every batch to the run's audit branch, validate it, then publish to main."""
+        t0 = time.monotonic()
+        tables = self.platform.tables()
+        branch = branch_name_for_run(self.run_id)
+        outcome = StageOutcome(self.stage.pipeline_id, self.stage.stage_name, self.target, False, branch)
+        self.require_enabled("before load")
+        if plan.skipped_reason:
+            outcome.skipped_reason = plan.skipped_reason
+            outcome.published = True
+            outcome.snapshot_id = tables.snapshot_id(self.target.identifier) if tables.exists(self.target.identifier) else None
+            outcome.duration_s = time.monotonic() - t0
+            return outcome
+        self.audit("stage_started", details={"plan": plan.details, "kind": plan.kind})
+        rules = self.rules
+        previous_rows = self._row_count(tables, MAIN)
+        created_branch = False
+        for i, batch in enumerate(self.input_batches(plan)):
+            df, quarantine = split_row_actions(batch.df, rules)
+            if quarantine is not None:
+                from lakehouse.validation.quarantine import write_quarantine
+
+                outcome.quarantined_rows += write_quarantine(self, quarantine)
+            if not created_branch:
+                tables.ensure_table(self.target, df.schema)
+                tables.create_branch(self.target.identifier, branch)
+                created_branch = True
+            res = tables.write(df, self.target, branch=branch, snapshot_properties=batch.snapshot_properties)
+            outcome.writes.append(res)
+            outcome.rows_written += res.rows_written
+            self.log.info("%s: commit %d (%s) wrote %d rows to branch %s",
+                          self.target.identifier, i + 1, batch.label, res.rows_written, branch)
+        if not created_branch:
+            outcome.skipped_reason = "no readable input"
+            outcome.published = True
+            outcome.duration_s = time.monotonic() - t0
+            return outcome
+        audited = tables.read(self.target.identifier, branch)
+        outcome.checks = evaluate_rules(audited, rules, context=self._rule_context(previous_rows))
+        self._record_checks(outcome.checks)
+        failures = [c for c in outcome.checks if c.blocking_failure]
+        if failures:
+            names = ", ".join(c.rule.name for c in failures)
+            self.audit("audit_failed", outcome="not_published", message=names, details={"branch": branch})
+            outcome.duration_s = time.monotonic() - t0
+            raise AuditFailed(
+                f"{self.target.identifier} (stage {self.stage.pipeline_id}.{self.stage.stage_name}) failed "
+                f"blocking rule(s) {names}: main is unchanged, the data is kept on branch {branch!r}. "
+                f"Inspect it with `lakehouse branches show {self.target.identifier} {branch}`, fix the input "
+                "or the rule, then re-run the stage.",
+                outcome.checks, branch,
+            )
+        self.require_enabled("before publish")
+        outcome.snapshot_id = tables.publish(self.target.identifier, branch)
+        tables.drop_branch(self.target.identifier, branch)
+        outcome.published = True
+        outcome.duration_s = time.monotonic() - t0
+        self.audit("published", outcome="success", duration_ms=int(outcome.duration_s * 1000),
+                   details={"snapshot_id": outcome.snapshot_id, "rows": outcome.rows_written})
+        self._after_publish(plan, outcome)
+        return outcome
+
+    def _row_count(self, tables: IcebergTables, branch: str) -> int | None:
+        if not tables.exists(self.target.identifier):
+            return None
+        snap = tables.snapshot_id(self.target.identifier, branch)
+        if snap is None:
+            return None
+        return int(tables.snapshot_summary(self.target.identifier, snap).get("total-records", 0))
+
+    def _rule_context(self, previous_rows: int | None) -> dict[str, Any]:
+        ctx: dict[str, Any] = {"previous_row_count": previous_rows}
+        refs = {}
+        for r in self.rules:
+            if r.type == "referential_integrity" and r.ref_dataset:
+                ref = next((t for t in self.catalog.targets if t.target_id == r.ref_dataset), None)
+                tables = self.platform.tables()
+                if ref is not None and tables.exists(ref.identifier):
+                    refs[r.ref_dataset] = tables.read(ref.identifier)
+        ctx["ref_frames"] = refs
+        return ctx
+
+    def _record_checks(self, checks: list[CheckOutcome]) -> None:
+        from lakehouse.validation.history import record_outcomes
+
+        record_outcomes(self, checks)
+
+    def _after_publish(self, plan: ExtractPlan, outcome: StageOutcome) -> None:
+        if plan.kind in ("files", "s3"):
+            from lakehouse.ingest.checkpoints import record_published
+
+            record_published(self, outcome)
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value, separators=(",", ":"), default=str)

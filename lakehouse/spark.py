@@ -1,0 +1,129 @@
+"""SparkSession configuration for Iceberg: one JVM per process, shared by every asset of a run."""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+import threading
+from pathlib import Path
+
+from lakehouse.settings import Settings
+
+_LOCK = threading.Lock()
+_SESSION = None  # the process-wide session
+
+# Debian's libxerial-sqlite-jdbc-java / libpostgresql-jdbc-java put their drivers here.
+SYSTEM_JDBC_JARS = ("/usr/share/java/sqlite-jdbc.jar", "/usr/share/java/postgresql.jar")
+
+
+def bundled_iceberg_jar() -> str | None:
+    """The Iceberg Spark runtime shipped in the `snowpark-connect-deps-iceberg` wheel, if installed."""
+    try:
+        jars = importlib.resources.files("snowpark_connect_deps_iceberg") / "jars"
+    except ModuleNotFoundError:
+        return None
+    for entry in jars.iterdir():
+        if entry.name.startswith("iceberg-spark-runtime-3.5_2.12") and entry.name.endswith(".jar"):
+            return str(entry)
+    return None
+
+
+def catalog_conf(settings: Settings) -> dict[str, str]:
+    """The Iceberg JDBC catalog (shared with PyIceberg's SqlCatalog under the same name)."""
+    cat = f"spark.sql.catalog.{settings.catalog_name}"
+    conf = {
+        cat: "org.apache.iceberg.spark.SparkCatalog",
+        f"{cat}.type": "jdbc",
+        f"{cat}.uri": settings.catalog_jdbc_url,
+        f"{cat}.warehouse": settings.warehouse,
+        f"{cat}.jdbc.schema-version": "V1",
+    }
+    user, password = settings.catalog_credentials()
+    if user:
+        conf[f"{cat}.jdbc.user"] = user
+    if password:
+        conf[f"{cat}.jdbc.password"] = password
+    return conf
+
+
+def spark_conf(settings: Settings, app_name: str = "lakehouse") -> dict[str, str]:
+    """Session settings: Iceberg extensions, jars, the catalog, and sane defaults for small machines."""
+    jars: list[str] = []
+    if settings.spark_jars:
+        jars.extend(j for j in settings.spark_jars.split(",") if j)
+    elif not settings.spark_packages:
+        jar = bundled_iceberg_jar()
+        if jar is None:
+            raise RuntimeError(
+                "no Iceberg Spark runtime: install snowpark-connect-deps-iceberg==1.0.2 or set "
+                "LAKEHOUSE_SPARK_PACKAGES=org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:<version>"
+            )
+        jars.append(jar)
+    jars.extend(j for j in SYSTEM_JDBC_JARS if Path(j).exists() and j not in jars)
+    conf = {
+        "spark.master": settings.spark_master,
+        "spark.app.name": app_name,
+        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        **catalog_conf(settings),
+        "spark.sql.defaultCatalog": settings.catalog_name,
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": os.environ.get("LAKEHOUSE_SHUFFLE_PARTITIONS", "8"),
+        "spark.ui.enabled": os.environ.get("LAKEHOUSE_SPARK_UI", "false"),
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.memory": os.environ.get("LAKEHOUSE_SPARK_DRIVER_MEMORY", "2g"),
+        "spark.sql.sources.partitionOverwriteMode": "dynamic",
+        "spark.driver.extraJavaOptions": "-Dderby.system.home=/tmp",
+    }
+    if jars:
+        conf["spark.jars"] = ",".join(jars)
+        # JDBC drivers must be visible to java.sql.DriverManager, i.e. on the driver's system classpath.
+        conf["spark.driver.extraClassPath"] = ":".join(jars)
+        conf["spark.executor.extraClassPath"] = ":".join(jars)
+    if settings.spark_packages:
+        conf["spark.jars.packages"] = settings.spark_packages
+    conf.update(settings.spark_conf)
+    return conf
+
+
+def get_spark(settings: Settings, app_name: str = "lakehouse"):
+    """The process-wide SparkSession; built once, reused by every step of every run in this process."""
+    from pyspark.sql import SparkSession
+
+    global _SESSION
+    with _LOCK:
+        active = _SESSION
+        if active is not None and active.sparkContext._jsc is not None:
+            _ensure_catalog(active, settings)
+            return active
+        builder = SparkSession.builder
+        for k, v in spark_conf(settings, app_name).items():
+            builder = builder.config(k, v)
+        _prepare_local_dirs(settings)
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel(os.environ.get("LAKEHOUSE_SPARK_LOG_LEVEL", "WARN"))
+        _SESSION = spark
+        return spark
+
+
+def _ensure_catalog(spark, settings: Settings) -> None:
+    """Register this settings' catalog on an existing session (catalogs are runtime-configurable)."""
+    _prepare_local_dirs(settings)
+    for k, v in catalog_conf(settings).items():
+        if spark.conf.get(k, None) != v:
+            spark.conf.set(k, v)
+
+
+def _prepare_local_dirs(settings: Settings) -> None:
+    if settings.warehouse_path is not None:
+        settings.warehouse_path.mkdir(parents=True, exist_ok=True)
+    if settings.catalog_uri.startswith("sqlite:///"):
+        Path(settings.catalog_uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+
+
+def stop_spark() -> None:
+    """Used by the restart_spark_session healing action."""
+    global _SESSION
+    with _LOCK:
+        if _SESSION is not None:
+            _SESSION.stop()
+        _SESSION = None

@@ -1,0 +1,1 @@
+"""Dagster-facing layer: assets, checks and jobs generated from the metadata catalog."""

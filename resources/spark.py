@@ -1,0 +1,18 @@
+"""Spark for Dagster via dagster-pyspark, configured for the Iceberg catalog the platform shares."""
+
+from __future__ import annotations
+
+from dagster_pyspark import PySparkResource
+
+from lakehouse.settings import load_settings
+from lakehouse.spark import spark_conf
+
+
+def spark_resource() -> PySparkResource:
+    """A PySparkResource whose session is the process-wide one `lakehouse.spark.get_spark` reuses.
+
+    The catalog password (if any) is part of the Spark conf only, never of Dagster config shown in
+    the UI: it is resolved from the environment when the session is built.
+    """
+    conf = {k: v for k, v in spark_conf(load_settings()).items() if "password" not in k}
+    return PySparkResource(spark_config=conf)

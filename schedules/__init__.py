@@ -1,0 +1,36 @@
+"""Schedules from metadata: one per pipeline with a cron; disabled pipelines skip with a reason."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from lakehouse.metadata.model import MetadataCatalog
+from lakehouse.runner import Platform
+
+
+def build_schedules(catalog: MetadataCatalog) -> list[dg.ScheduleDefinition]:
+    schedules = []
+    for p in catalog.pipelines:
+        if not p.schedule or not catalog.stages_of(p.pipeline_id):
+            continue
+        schedules.append(_schedule(p.pipeline_id, p.schedule, p.timezone))
+    return schedules
+
+
+def _schedule(pipeline_id: str, cron: str, tz: str) -> dg.ScheduleDefinition:
+    @dg.schedule(
+        name=f"{pipeline_id}__schedule",
+        cron_schedule=cron,
+        execution_timezone=tz,
+        job_name=f"{pipeline_id}_job",
+        description=f"Runs pipeline {pipeline_id!r} on its metadata cron {cron!r}.",
+        default_status=dg.DefaultScheduleStatus.STOPPED,
+    )
+    def _sched(context: dg.ScheduleEvaluationContext):
+        platform = Platform.from_env()
+        ok, reason = platform.store.enabled(pipeline_id)
+        if not ok:
+            return dg.SkipReason(reason)
+        return dg.RunRequest(tags={"lakehouse/pipeline": pipeline_id})
+
+    return _sched

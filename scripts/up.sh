@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Run the platform on its embedded defaults: SQLite control DB and Iceberg catalog, a local
+# warehouse and landing zone under .lakehouse/, demo data generated on first start, dagster dev.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+
+export LAKEHOUSE_HOME="${LAKEHOUSE_HOME:-$PWD/.lakehouse}"
+export DAGSTER_HOME="${DAGSTER_HOME:-$LAKEHOUSE_HOME/dagster_home}"
+mkdir -p "$DAGSTER_HOME"
+[ -f "$DAGSTER_HOME/dagster.yaml" ] || cp deploy/dagster.dev.yaml "$DAGSTER_HOME/dagster.yaml"
+
+.venv/bin/lakehouse metadata apply metadata/demo
+if [ -z "$(ls -A "$LAKEHOUSE_HOME/landing/user_events" 2>/dev/null)" ]; then
+  .venv/bin/lakehouse demo
+fi
+exec .venv/bin/dagster dev -h "${DAGSTER_HOST:-127.0.0.1}" -p "${DAGSTER_PORT:-3000}"
