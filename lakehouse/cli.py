@@ -221,14 +221,11 @@ EXTRA_COMMANDS: list[Callable] = []
 
 
 def _load_extra_commands() -> None:
+    """Import every `lakehouse/cli_*.py`; each registers its subcommands in EXTRA_COMMANDS."""
     import importlib
 
-    for mod in ("lakehouse.cli_extra",):
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name != mod:
-                raise
+    for path in sorted(Path(__file__).parent.glob("cli_*.py")):
+        importlib.import_module(f"lakehouse.{path.stem}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,11 @@ from lakehouse.settings import load_settings
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Every module in tests/fixtures/ is a fixture plugin (services: PostgreSQL, moto S3, DataHub GMS...).
+pytest_plugins = sorted(
+    f"tests.fixtures.{p.stem}" for p in (Path(__file__).parent / "fixtures").glob("*.py") if p.stem != "__init__"
+)
+
 
 @pytest.fixture(scope="session")
 def lake_home(tmp_path_factory) -> Path:
@@ -40,13 +45,27 @@ def spark(lake_home):
 
 @pytest.fixture
 def settings(lake_home, tmp_path, monkeypatch):
-    """Settings for one test: the shared catalog/warehouse, but a fresh control DB and landing zone."""
+    """Settings for one test: its own home, control DB, Iceberg catalog (a new catalog name
+    registered at run time on the shared SparkSession), warehouse, landing zone and staging."""
+    monkeypatch.setenv("LAKEHOUSE_HOME", str(tmp_path))
     monkeypatch.setenv("LAKEHOUSE_CONTROL_DB_URL", f"sqlite:///{tmp_path / 'control.db'}")
-    monkeypatch.setenv("LAKEHOUSE_CATALOG_URI", f"sqlite:///{lake_home / 'catalog.db'}")
-    monkeypatch.setenv("LAKEHOUSE_WAREHOUSE", f"file://{lake_home / 'warehouse'}")
-    monkeypatch.setenv("LAKEHOUSE_STAGING_DIR", str(tmp_path / "staging"))
-    monkeypatch.setenv("LAKEHOUSE_LANDING_DIR", str(tmp_path / "landing"))
+    monkeypatch.setenv("LAKEHOUSE_CATALOG_NAME", "lake_" + uuid.uuid4().hex[:10])
+    monkeypatch.setenv("LAKEHOUSE_CATALOG_URI", f"sqlite:///{tmp_path / 'catalog.db'}")
+    monkeypatch.setenv("LAKEHOUSE_WAREHOUSE", f"file://{tmp_path / 'warehouse'}")
+    monkeypatch.delenv("LAKEHOUSE_STAGING_DIR", raising=False)
+    monkeypatch.delenv("LAKEHOUSE_LANDING_DIR", raising=False)
     return load_settings()
+
+
+@pytest.fixture
+def platform(settings, spark):
+    """A Platform on the test's settings, with the session's SparkSession bound to its catalog."""
+    from lakehouse.metadata.store import MetadataStore
+    from lakehouse.runner import Platform
+
+    p = Platform(settings, MetadataStore(settings.control_db_url))
+    p.spark()  # registers the test's catalog on the shared session
+    return p
 
 
 @pytest.fixture
