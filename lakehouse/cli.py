@@ -29,6 +29,11 @@ def _print_table(rows: list[dict], columns: list[str] | None = None) -> None:
 
 # ---------------------------------------------------------------- metadata
 def cmd_metadata(args) -> int:
+    if args.action == "reference":
+        from lakehouse.metadata.reference import render
+
+        print(render())
+        return 0
     platform = Platform.from_env()
     if args.action == "show":
         catalog = platform.store.load()
@@ -39,7 +44,8 @@ def cmd_metadata(args) -> int:
 
         print(yaml.safe_dump(data, sort_keys=False))
         return 0
-    loaded = load_metadata(args.path)
+    # apply checks references against the merged catalog (a file may refer to rows already applied)
+    loaded = load_metadata(args.path, check_refs=args.action == "validate")
     counts = {k: len(v) for k, v in loaded.catalog.model_dump().items() if v}
     if args.action == "validate":
         print(f"{args.path}: valid ({', '.join(f'{n} {k}' for k, n in counts.items())})")
@@ -166,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
             a.add_argument("--replace", action="store_true", help="replace all metadata instead of merging by key")
     s = msub.add_parser("show")
     s.add_argument("section", nargs="?")
+    msub.add_parser("reference", help="print the Markdown reference of every metadata table and field")
     m.set_defaults(func=cmd_metadata)
 
     r = sub.add_parser("run", help="materialize a pipeline headless (same code as the UI)")

@@ -59,7 +59,13 @@ class Platform:
         return get_spark(self.settings)
 
     def tables(self) -> IcebergTables:
-        return IcebergTables(self.spark(), self.settings.catalog_name)
+        return IcebergTables(self.spark(), self.settings.catalog_name, self.pyiceberg_catalog())
+
+    def pyiceberg_catalog(self):
+        """PyIceberg view of the same catalog (same name, same database): metadata reads without Spark."""
+        from lakehouse.catalog import pyiceberg_catalog
+
+        return pyiceberg_catalog(self.settings)
 
     def catalog(self) -> MetadataCatalog:
         return self.store.load()
@@ -143,11 +149,19 @@ class StageRunner:
         self.stage: Stage = self.catalog.stage(pipeline_id, stage_name)
         self.pipeline: Pipeline = self.catalog.pipeline(pipeline_id)
         self.target: Target = self.catalog.target(self.stage.target_id)
+        self.source_override: str | None = None  # set by lakehouse.lineage.recovery.reroute
+        from lakehouse.control.healing import HealingState
+
+        self.healing = HealingState()  # what self-healing changed for this step (lakehouse.control.healing)
 
     # ------------------------------------------------------------------ helpers
     @property
     def source(self) -> Source | None:
         sid = self.stage.source_id
+        if self.source_override:
+            from lakehouse.lineage.recovery import resolve_source
+
+            return resolve_source(self.catalog, self.source_override)
         if sid is None:
             return None
         return next((s for s in self.catalog.sources if s.source_id == sid), None)
@@ -174,6 +188,23 @@ class StageRunner:
     # ------------------------------------------------------------------ extract
     def extract(self) -> ExtractPlan:
         self.require_enabled("before extract")
+        from lakehouse.control.healing import run_with_healing
+        from lakehouse.lineage.recovery import extract_with_recovery
+
+        # probes the default upstream and reroutes over the lineage graph when it is down;
+        # any other matched error is healed (healing_actions) and the extract retried in this step
+        def attempt() -> ExtractPlan:
+            from lakehouse.control import faults
+
+            faults.inject("extract", self, source_id=self.source_override or self.stage.source_id)
+            return extract_with_recovery(self, self._plan_extract)
+
+        plan = run_with_healing(self, "extract", attempt)
+        if self.healing.events:
+            plan.details.update({f"extract_{k}": v for k, v in self.healing.summary().items()})
+        return plan
+
+    def _plan_extract(self) -> ExtractPlan:
         src = self.source
         plan = ExtractPlan(self.stage.pipeline_id, self.stage.stage_name,
                            kind=src.kind if src else "sql", source_id=src.source_id if src else None)
@@ -236,7 +267,8 @@ class StageRunner:
             src = self.source
             from lakehouse.ingest.checkpoints import read_batch
 
-            for chunk in file_ingest.batches(plan.files, src.batch_files):
+            todo = [f for f in plan.files if f.key not in self.healing.quarantined_files]
+            for chunk in file_ingest.batches(todo, self.healing.effective_batch(src.batch_files)):
                 df, good, bad = read_batch(self, spark, src, chunk)
                 props = {file_ingest.CHECKPOINT_PROPERTY: file_ingest.checkpoint_value(good + bad),
                          "lakehouse.run_id": self.run_id}
@@ -271,12 +303,31 @@ class StageRunner:
         return spark.sql(rewrite_tables(sql, mapping))
 
     def load(self, plan: ExtractPlan) -> StageOutcome:
-        """Write every batch to the run's audit branch, validate it, then publish to main."""
+        """Write every batch to the run's audit branch, validate it, then publish to main.
+
+        Runs under self-healing (lakehouse.control.healing): a matched error is resolved and the
+        load restarts from a fresh audit branch in the same step; the trail lands in audit_log and
+        in the materialization metadata.
+        """
+        from lakehouse.control.healing import run_with_healing
+
+        outcome = run_with_healing(self, "load", lambda: self._load(plan))
+        outcome.extra.update({k: v for k, v in plan.details.items() if k.startswith("extract_heal")})
+        if self.healing.events or self.healing.total_attempts:
+            outcome.extra.update(self.healing.summary())
+        return outcome
+
+    def _load(self, plan: ExtractPlan) -> StageOutcome:
         t0 = time.monotonic()
         tables = self.platform.tables()
         branch = branch_name_for_run(self.run_id)
         outcome = StageOutcome(self.stage.pipeline_id, self.stage.stage_name, self.target, False, branch)
         self.require_enabled("before load")
+        if tables.exists(self.target.identifier) and branch in tables.refs(self.target.identifier):
+            # a retry of this step (healing or a Dagster retry): start over, never append twice
+            tables.drop_branch(self.target.identifier, branch)
+        if plan.source_id and self.stage.source_id and plan.source_id != self.stage.source_id:
+            self.source_override = plan.source_id  # the extract rerouted: read what it planned
         if plan.skipped_reason:
             outcome.skipped_reason = plan.skipped_reason
             outcome.published = True
@@ -287,7 +338,18 @@ class StageRunner:
         rules = self.rules
         previous_rows = self._row_count(tables, MAIN)
         created_branch = False
+        from lakehouse.throughput.ratelimit import StageThrottle
+
+        # records_per_minute / bytes_per_hour of the source and the target, shared by all processes
+        throttle = StageThrottle.for_stage(self.platform.store, self.catalog, plan.source_id, self.target.target_id)
         for i, batch in enumerate(self.input_batches(plan)):
+            throttle.before_batch()
+            self.healing.current_batch = batch
+            if self.healing.align_to_table and tables.exists(self.target.identifier):
+                batch.df = _align_to_table(batch.df, tables.read(self.target.identifier).schema)
+            from lakehouse.control import faults
+
+            faults.inject("batch", self, df=batch.df)
             df, quarantine = split_row_actions(batch.df, rules)
             if quarantine is not None:
                 from lakehouse.validation.quarantine import write_quarantine
@@ -302,8 +364,14 @@ class StageRunner:
             outcome.rows_written += res.rows_written
             self.log.info("%s: commit %d (%s) wrote %d rows to branch %s",
                           self.target.identifier, i + 1, batch.label, res.rows_written, branch)
+            written_bytes = int(res.summary.get("added-files-size", 0) or 0)
+            throttle.after_batch(res.rows_written, sum(f.size for f in batch.files) or written_bytes, written_bytes)
         if not created_branch:
             outcome.skipped_reason = "no readable input"
+            if plan.kind in ("files", "s3"):  # say which files were quarantined / empty
+                from lakehouse.ingest.checkpoints import ingest_metadata
+
+                outcome.extra.update(ingest_metadata(self))
             outcome.published = True
             outcome.duration_s = time.monotonic() - t0
             return outcome
@@ -322,8 +390,10 @@ class StageRunner:
                 "or the rule, then re-run the stage.",
                 outcome.checks, branch,
             )
-        self.require_enabled("before publish")
-        outcome.snapshot_id = tables.publish(self.target.identifier, branch)
+        from lakehouse.control.healing import run_with_healing
+
+        # a commit conflict here is healed by refreshing and publishing again (not rewriting)
+        outcome.snapshot_id = run_with_healing(self, "publish", lambda: self._publish(tables, branch))
         tables.drop_branch(self.target.identifier, branch)
         outcome.published = True
         outcome.duration_s = time.monotonic() - t0
@@ -331,6 +401,13 @@ class StageRunner:
                    details={"snapshot_id": outcome.snapshot_id, "rows": outcome.rows_written})
         self._after_publish(plan, outcome)
         return outcome
+
+    def _publish(self, tables: IcebergTables, branch: str) -> int | None:
+        self.require_enabled("before publish")
+        from lakehouse.control import faults
+
+        faults.inject("publish", self)
+        return tables.publish(self.target.identifier, branch)
 
     def _row_count(self, tables: IcebergTables, branch: str) -> int | None:
         if not tables.exists(self.target.identifier):
@@ -361,7 +438,26 @@ class StageRunner:
         if plan.kind in ("files", "s3"):
             from lakehouse.ingest.checkpoints import record_published
 
-            record_published(self, outcome)
+            record_published(self, outcome, plan)
+        if plan.kind == "jdbc":
+            from lakehouse.ingest.jdbc import cleanup_staging
+
+            cleanup_staging(self, plan)
+        if self.target.export_target_id:
+            from lakehouse.export.warehouse import export_after_publish
+
+            export_after_publish(self, outcome)  # adds rows/table/duration to outcome.extra
+
+
+def _align_to_table(df: DataFrame, schema) -> DataFrame:
+    """Add the table's columns a batch lacks as typed nulls (after a schema evolution)."""
+    from pyspark.sql import functions as F
+
+    have = {c.lower() for c in df.columns}
+    for f in schema.fields:
+        if f.name.lower() not in have:
+            df = df.withColumn(f.name, F.lit(None).cast(f.dataType))
+    return df
 
 
 def _json(value: Any) -> str:

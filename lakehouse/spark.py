@@ -37,6 +37,8 @@ def catalog_conf(settings: Settings) -> dict[str, str]:
         f"{cat}.uri": settings.catalog_jdbc_url,
         f"{cat}.warehouse": settings.warehouse,
         f"{cat}.jdbc.schema-version": "V1",
+        # Other processes (concurrent runs, PyIceberg) commit too: never serve a stale cached table.
+        f"{cat}.cache-enabled": "false",
     }
     user, password = settings.catalog_credentials()
     if user:

@@ -75,8 +75,12 @@ def metadata_files(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.suffix in (".yaml", ".yml"))
 
 
-def load_metadata(path: str | Path) -> LoadedMetadata:
-    """Parse and validate every YAML file under `path` into one catalog."""
+def load_metadata(path: str | Path, *, check_refs: bool = True) -> LoadedMetadata:
+    """Parse and validate every YAML file under `path` into one catalog.
+
+    With check_refs=False only each row is validated (plus duplicate keys): `metadata apply` of a
+    file that refers to rows already in the control DB is checked against the merged catalog instead.
+    """
     root = Path(path)
     problems: list[str] = []
     rows: dict[str, list[tuple[Entity, Origin]]] = {s: [] for s in SECTIONS}
@@ -122,10 +126,11 @@ def load_metadata(path: str | Path) -> LoadedMetadata:
                         problems.append(f"{origin}{_loc(err['loc'])}: {err['msg']}")
     if problems:
         raise MetadataError(problems)
-    return build_catalog(rows, base_dir=root if root.is_dir() else root.parent)
+    return build_catalog(rows, base_dir=root if root.is_dir() else root.parent, check_refs=check_refs)
 
 
-def build_catalog(rows: dict[str, list[tuple[Entity, Origin]]], base_dir: Path | None = None) -> LoadedMetadata:
+def build_catalog(rows: dict[str, list[tuple[Entity, Origin]]], base_dir: Path | None = None,
+                  check_refs: bool = True) -> LoadedMetadata:
     problems: list[str] = []
     origins: dict[tuple[str, tuple], Origin] = {}
     for section, items in rows.items():
@@ -139,7 +144,8 @@ def build_catalog(rows: dict[str, list[tuple[Entity, Origin]]], base_dir: Path |
         raise MetadataError(problems)
     catalog = MetadataCatalog(**{s: [e for e, _ in items] for s, items in rows.items()})
     loaded = LoadedMetadata(catalog, origins, base_dir)
-    check_references(loaded)
+    if check_refs:
+        check_references(loaded)
     return loaded
 
 

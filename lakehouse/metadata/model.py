@@ -137,7 +137,7 @@ class Source(Entity):
     description: str = ""
     # files / s3
     format: Literal["parquet", "csv", "jsonl"] | None = None
-    path: str | None = Field(default=None, description="landing directory for kind=files (relative to LAKEHOUSE_HOME)")
+    path: str | None = Field(default=None, description="landing directory for kind=files, relative to LAKEHOUSE_LANDING_DIR (default LAKEHOUSE_HOME/landing)")
     bucket: str | None = None
     prefix: str = ""
     glob: str = "*"

@@ -1,0 +1,135 @@
+"""Platform vs hand-written PySpark: ingest the same parquet files into an Iceberg table.
+
+    .venv/bin/python bench/bench_ingest.py --gb 1.0 --repeat 2
+
+Both sides run as fresh processes (cold JVM) with the same Spark settings (lakehouse.spark.spark_conf):
+  * platform:     `lakehouse run bench_ingest` (Dagster job, extract + load ops, audit branch, publish,
+                  checkpoint in the snapshot summary, lineage columns);
+  * hand-written: a PySpark script that reads the files and appends them to an Iceberg table.
+Prints each timing and the ratio platform / hand-written (goal ≤ 1.10).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+HANDWRITTEN = textwrap.dedent(
+    """
+    import sys, time
+    from lakehouse.settings import load_settings
+    from lakehouse.spark import get_spark
+    t0 = time.monotonic()
+    spark = get_spark(load_settings(), app_name="handwritten")
+    spark.sql("CREATE NAMESPACE IF NOT EXISTS lake.hand")
+    df = spark.read.parquet(sys.argv[1])
+    df.writeTo("lake.hand.events").using("iceberg").createOrReplace()
+    print("rows", spark.table("lake.hand.events").count(), "seconds", round(time.monotonic() - t0, 2))
+    """
+)
+
+METADATA = """
+pipelines:
+  - {{pipeline_id: bench_ingest}}
+sources:
+  - {{source_id: bench_files, kind: files, format: parquet, path: {landing}, glob: "*.parquet",
+     batch_files: 100000, max_files_per_run: 100000, max_bytes_per_run: 1000000000000}}
+targets:
+  - {{target_id: bench_bronze, namespace: bronze, table: events, write_mode: append}}
+stages:
+  - {{pipeline_id: bench_ingest, stage_order: 1, stage_name: ingest, layer: bronze, source_id: bench_files,
+     target_id: bench_bronze}}
+"""
+
+
+def generate(out: Path, gb: float, files: int) -> int:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    target = gb * 1024**3
+    rows_per_file, written, i = 2_000_000, 0, 0
+    while written < target:
+        n = rows_per_file
+        table = pa.table({
+            "event_id": pa.array(rng.integers(0, 2**62, n)),
+            "user_id": pa.array(rng.integers(1, 1_000_000, n)),
+            "amount": pa.array(rng.random(n) * 1000),
+            "ts": pa.array(rng.integers(1_700_000_000_000, 1_800_000_000_000, n)).cast(pa.timestamp("ms")),
+            "payload": pa.array([f"p{x:016x}" for x in rng.integers(0, 2**62, n)]),
+        })
+        p = out / f"part-{i:05d}.parquet"
+        pq.write_table(table, p, compression="snappy")
+        written += p.stat().st_size
+        i += 1
+        if files and i >= files and written >= target:
+            break
+    return written
+
+
+def run(cmd: list[str], env: dict) -> float:
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+    elapsed = time.monotonic() - t0
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+        raise SystemExit(f"command failed: {' '.join(cmd)}")
+    return elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gb", type=float, default=1.0)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="bench_ingest_"))
+    data = work / "landing" / "events"
+    size = generate(data, args.gb, 0)
+    print(f"generated {size / 1024**3:.2f} GiB of parquet in {len(list(data.glob('*.parquet')))} files under {data}")
+    plat, hand = [], []
+    try:
+        for r in range(args.repeat):
+            for side in ("platform", "handwritten"):
+                home = work / f"{side}_{r}"
+                env = {**os.environ, "LAKEHOUSE_HOME": str(home), "LAKEHOUSE_LANDING_DIR": str(work / "landing"),
+                       "LAKEHOUSE_AUTO_APPLY": "0"}
+                env.pop("DAGSTER_HOME", None)
+                if side == "platform":
+                    meta = home / "meta.yaml"
+                    home.mkdir(parents=True)
+                    meta.write_text(METADATA.format(landing="events"))
+                    subprocess.run([PY, "-m", "lakehouse.cli", "metadata", "apply", str(meta)], env=env, check=True,
+                                   cwd=REPO, capture_output=True)
+                    t = run([PY, "-m", "lakehouse.cli", "run", "bench_ingest"], env=env)
+                    plat.append(t)
+                else:
+                    script = work / "hand.py"
+                    script.write_text(HANDWRITTEN)
+                    t = run([PY, str(script), str(data)], env=env)
+                    hand.append(t)
+                print(f"  round {r + 1} {side:11s} {t:7.1f} s", flush=True)
+                shutil.rmtree(home / "warehouse", ignore_errors=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    p, h = statistics.median(plat), statistics.median(hand)
+    print(f"platform median {p:.1f} s | hand-written median {h:.1f} s | ratio {p / h:.3f} (goal <= 1.10)")
+
+
+if __name__ == "__main__":
+    main()
