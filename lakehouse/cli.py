@@ -58,6 +58,10 @@ def cmd_metadata(args) -> int:
         sync_pools(platform)
     except ImportError:
         pass
+    from lakehouse.lineage.graph import sync as sync_lineage
+
+    routes = sync_lineage(platform.store)  # dataset_lineage holds every route; recovery paths recomputed
+    print(f"lineage: {routes['dataset_lineage']} edge(s), {routes['dataset_recovery_paths']} recovery path(s)")
     return 0
 
 
@@ -137,6 +141,10 @@ def cmd_branches(args) -> int:
     tables = platform.tables()
     catalog = platform.catalog()
     idents = [args.table] if getattr(args, "table", None) else [t.identifier for t in catalog.targets if t.kind == "iceberg"]
+    if args.action == "list":  # a run's quarantine rows sit on the same-named branch of the quarantine table
+        from lakehouse.validation.quarantine import quarantine_identifier
+
+        idents += [quarantine_identifier(i) for i in list(idents)]
     if args.action == "list":
         rows = []
         for ident in idents:

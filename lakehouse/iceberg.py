@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -281,12 +283,29 @@ class IcebergTables:
         return holder.get("result")
 
     # ------------------------------------------------------------------ publish
-    def publish(self, identifier: str, branch: str) -> int | None:
+    def publish(self, identifier: str, branch: str, *, attempts: int = 8) -> int | None:
         """Make `branch` visible on main without losing concurrent commits to main.
 
         fast_forward when main is an ancestor of the branch; otherwise cherry-pick the branch's
         own snapshots onto main (Iceberg re-validates each against main's current state).
+        Publishes of one table are serialized within the process; a publish that loses a race
+        to another process re-reads the refs and retries, skipping snapshots already picked.
         """
+        with _publish_lock(self.catalog, identifier):
+            for attempt in range(1, attempts + 1):
+                try:
+                    return self._publish_once(identifier, branch)
+                except Exception as exc:  # noqa: BLE001 - only concurrent-commit failures are retried
+                    text = str(exc)
+                    if attempt == attempts or not any(m in text for m in _CONFLICT_MARKERS):
+                        raise
+                    log.info("publish of %s@%s lost a race (attempt %d): %s", identifier, branch, attempt,
+                             text.splitlines()[0][:200])
+                    self.spark.catalog.refreshTable(self.qualified(identifier))
+                    time.sleep(min(0.2 * attempt, 2.0))
+        return None  # pragma: no cover
+
+    def _publish_once(self, identifier: str, branch: str) -> int | None:
         refs = self.refs(identifier)
         head, main = refs.get(branch), refs.get(MAIN)
         if head is None:
@@ -301,14 +320,45 @@ class IcebergTables:
                 f"branch => {sql_string(MAIN)}, to => {sql_string(branch)})"
             )
             return self.snapshot_id(identifier, MAIN)
-        main_lineage = set(self.ancestors(identifier, main))
-        own = [s for s in reversed(lineage) if s not in main_lineage]
+        main_lineage = self.ancestors(identifier, main)
+        picked = {self.snapshot_summary(identifier, s).get("source-snapshot-id") for s in main_lineage}
+        own = [s for s in reversed(lineage) if s not in set(main_lineage) and str(s) not in picked]
         log.info("main of %s moved since %s forked; cherry-picking %d snapshot(s)", identifier, branch, len(own))
         for snap in own:
             self.spark.sql(
                 f"CALL {cat}.system.cherrypick_snapshot(table => {sql_string(identifier)}, snapshot_id => {int(snap)})"
             )
         return self.snapshot_id(identifier, MAIN)
+
+
+#: Messages of Iceberg commit conflicts (another writer moved main between our read and commit).
+_CONFLICT_MARKERS = ("CommitFailedException", "not an ancestor", "Cannot fast-forward", "Cannot commit",
+                     "conflict", "Concurrent", "stale",
+                     # an embedded SQLite catalog busy with another writer's commit
+                     "UncheckedSQLException", "SQLITE_BUSY", "database is locked")
+_PUBLISH_LOCKS: dict[tuple[str, str], Any] = {}
+_PUBLISH_LOCKS_GUARD = threading.Lock()
+
+
+def _publish_lock(catalog: str, identifier: str):
+    with _PUBLISH_LOCKS_GUARD:
+        return _PUBLISH_LOCKS.setdefault((catalog, identifier.lower()), threading.RLock())
+
+
+def retry_metadata_commit(tables: IcebergTables, identifier: str, action, attempts: int = 8):
+    """Run a small metadata commit (create/drop branch, create table) that Iceberg does not retry
+    itself: serialized per table in this process, retried on a concurrent-commit conflict."""
+    with _publish_lock(tables.catalog, identifier):
+        for attempt in range(1, attempts + 1):
+            try:
+                return action()
+            except Exception as exc:  # noqa: BLE001 - only conflicts are retried
+                if attempt == attempts or not any(m in str(exc) for m in _CONFLICT_MARKERS):
+                    raise
+                if tables.exists(identifier):
+                    tables.spark.catalog.refreshTable(tables.qualified(identifier))
+                time.sleep(min(0.2 * attempt, 2.0))
+    return None  # pragma: no cover
 
 
 def summary_json(summary: dict[str, str], key: str) -> Any:

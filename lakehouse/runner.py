@@ -15,12 +15,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lakehouse.iceberg import MAIN, IcebergTables, WriteResult, branch_name_for_run
+from lakehouse.iceberg import IcebergTables, WriteResult, branch_name_for_run
 from lakehouse.ingest import files as file_ingest
 from lakehouse.metadata.model import MetadataCatalog, Pipeline, Rule, Source, Stage, Target
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.settings import Settings, load_settings
-from lakehouse.validation import CheckOutcome, evaluate_rules, split_row_actions
+from lakehouse.validation import CheckOutcome
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -268,12 +268,14 @@ class StageRunner:
             from lakehouse.ingest.checkpoints import read_batch
 
             todo = [f for f in plan.files if f.key not in self.healing.quarantined_files]
+            done = 0  # progress for the run log: files done / total
             for chunk in file_ingest.batches(todo, self.healing.effective_batch(src.batch_files)):
                 df, good, bad = read_batch(self, spark, src, chunk)
+                done += len(chunk)
                 props = {file_ingest.CHECKPOINT_PROPERTY: file_ingest.checkpoint_value(good + bad),
                          "lakehouse.run_id": self.run_id}
                 if df is not None:
-                    yield Batch(df, props, good, label=f"{len(good)} files")
+                    yield Batch(df, props, good, label=f"{len(good)} files, {done}/{len(todo)} files done")
         elif plan.kind == "iceberg":
             src = self.source
             snap = plan.upstream_snapshots.get(src.table_identifier)
@@ -335,99 +337,86 @@ class StageRunner:
             outcome.duration_s = time.monotonic() - t0
             return outcome
         self.audit("stage_started", details={"plan": plan.details, "kind": plan.kind})
-        rules = self.rules
-        previous_rows = self._row_count(tables, MAIN)
-        created_branch = False
+        self.write_audit_publish(self.input_batches(plan), outcome=outcome, started=t0)
+        if not outcome.skipped_reason:
+            self._after_publish(plan, outcome)
+        return outcome
+
+    def write_audit_publish(self, batches, *, outcome: StageOutcome | None = None, started: float | None = None,
+                            quarantine: bool = True) -> StageOutcome:
+        """Batches → audit branch → rules on the branch → kill switch → publish (see lakehouse.validation.wap).
+
+        A failed blocking rule raises AuditFailed: main untouched, branch kept for inspection.
+        """
+        from lakehouse.validation.wap import AuditedWrite
+
+        t0 = started if started is not None else time.monotonic()
+        tables = self.platform.tables()
+        branch = branch_name_for_run(self.run_id)
+        if outcome is None:
+            outcome = StageOutcome(self.stage.pipeline_id, self.stage.stage_name, self.target, False, branch)
+        session = AuditedWrite(self, tables, branch, quarantine=quarantine)
         from lakehouse.throughput.ratelimit import StageThrottle
 
         # records_per_minute / bytes_per_hour of the source and the target, shared by all processes
-        throttle = StageThrottle.for_stage(self.platform.store, self.catalog, plan.source_id, self.target.target_id)
-        for i, batch in enumerate(self.input_batches(plan)):
+        src = self.source
+        throttle = StageThrottle.for_stage(self.platform.store, self.catalog, src.source_id if src else None,
+                                           self.target.target_id)
+        from lakehouse.control import faults
+
+        for i, batch in enumerate(batches):
             throttle.before_batch()
-            self.healing.current_batch = batch
-            if self.healing.align_to_table and tables.exists(self.target.identifier):
-                batch.df = _align_to_table(batch.df, tables.read(self.target.identifier).schema)
-            from lakehouse.control import faults
-
-            faults.inject("batch", self, df=batch.df)
-            df, quarantine = split_row_actions(batch.df, rules)
-            if quarantine is not None:
-                from lakehouse.validation.quarantine import write_quarantine
-
-                outcome.quarantined_rows += write_quarantine(self, quarantine)
-            if not created_branch:
-                tables.ensure_table(self.target, df.schema)
-                tables.create_branch(self.target.identifier, branch)
-                created_branch = True
-            res = tables.write(df, self.target, branch=branch, snapshot_properties=batch.snapshot_properties)
+            self.healing.current_batch = batch  # what evolve_schema / quarantine_input / shrink_batch look at
+            faults.inject("batch", self, df=batch.df)  # no-op unless LAKEHOUSE_FAULTS is set
+            res = session.write(batch)
             outcome.writes.append(res)
             outcome.rows_written += res.rows_written
-            self.log.info("%s: commit %d (%s) wrote %d rows to branch %s",
-                          self.target.identifier, i + 1, batch.label, res.rows_written, branch)
-            written_bytes = int(res.summary.get("added-files-size", 0) or 0)
-            throttle.after_batch(res.rows_written, sum(f.size for f in batch.files) or written_bytes, written_bytes)
-        if not created_branch:
+            self.log.info("%s: commit %d (%s) wrote %d rows (%d so far) to branch %s",
+                          self.target.identifier, i + 1, batch.label, res.rows_written, outcome.rows_written, branch)
+            written = int(res.summary.get("added-files-size", 0) or 0)
+            throttle.after_batch(res.rows_written, sum(f.size for f in batch.files) or written, written)
+        if throttle.active:  # how long rate limits held this stage back (materialization metadata)
+            outcome.extra["throttle_wait_s"] = round(throttle.waited_s, 3)
+        outcome.quarantined_rows = session.quarantined_rows
+        if not session.created:
             outcome.skipped_reason = "no readable input"
-            if plan.kind in ("files", "s3"):  # say which files were quarantined / empty
-                from lakehouse.ingest.checkpoints import ingest_metadata
-
-                outcome.extra.update(ingest_metadata(self))
             outcome.published = True
             outcome.duration_s = time.monotonic() - t0
             return outcome
-        audited = tables.read(self.target.identifier, branch)
-        outcome.checks = evaluate_rules(audited, rules, context=self._rule_context(previous_rows))
+        outcome.checks = session.audit()
         self._record_checks(outcome.checks)
         failures = [c for c in outcome.checks if c.blocking_failure]
         if failures:
             names = ", ".join(c.rule.name for c in failures)
             self.audit("audit_failed", outcome="not_published", message=names, details={"branch": branch})
             outcome.duration_s = time.monotonic() - t0
+            from lakehouse.lineage.datahub import emit_stage_run
+
+            emit_stage_run(self, None, outcome, success=False)  # the failed run and its assertions
+            why = "; ".join(f"{c.rule.name}: {c.message}" for c in failures if c.message)
             raise AuditFailed(
                 f"{self.target.identifier} (stage {self.stage.pipeline_id}.{self.stage.stage_name}) failed "
-                f"blocking rule(s) {names}: main is unchanged, the data is kept on branch {branch!r}. "
+                f"blocking rule(s) {names}" + (f" ({why})" if why else "") + ": main is unchanged, "
+                f"the data is kept on branch {branch!r}. "
                 f"Inspect it with `lakehouse branches show {self.target.identifier} {branch}`, fix the input "
                 "or the rule, then re-run the stage.",
                 outcome.checks, branch,
             )
         from lakehouse.control.healing import run_with_healing
 
+        def publish() -> int | None:
+            self.require_enabled("before publish")  # re-checked on every healing retry too
+            faults.inject("publish", self)
+            return session.publish()
+
         # a commit conflict here is healed by refreshing and publishing again (not rewriting)
-        outcome.snapshot_id = run_with_healing(self, "publish", lambda: self._publish(tables, branch))
-        tables.drop_branch(self.target.identifier, branch)
+        outcome.snapshot_id = run_with_healing(self, "publish", publish)
         outcome.published = True
         outcome.duration_s = time.monotonic() - t0
         self.audit("published", outcome="success", duration_ms=int(outcome.duration_s * 1000),
-                   details={"snapshot_id": outcome.snapshot_id, "rows": outcome.rows_written})
-        self._after_publish(plan, outcome)
+                   details={"snapshot_id": outcome.snapshot_id, "rows": outcome.rows_written,
+                            "quarantined_rows": outcome.quarantined_rows})
         return outcome
-
-    def _publish(self, tables: IcebergTables, branch: str) -> int | None:
-        self.require_enabled("before publish")
-        from lakehouse.control import faults
-
-        faults.inject("publish", self)
-        return tables.publish(self.target.identifier, branch)
-
-    def _row_count(self, tables: IcebergTables, branch: str) -> int | None:
-        if not tables.exists(self.target.identifier):
-            return None
-        snap = tables.snapshot_id(self.target.identifier, branch)
-        if snap is None:
-            return None
-        return int(tables.snapshot_summary(self.target.identifier, snap).get("total-records", 0))
-
-    def _rule_context(self, previous_rows: int | None) -> dict[str, Any]:
-        ctx: dict[str, Any] = {"previous_row_count": previous_rows}
-        refs = {}
-        for r in self.rules:
-            if r.type == "referential_integrity" and r.ref_dataset:
-                ref = next((t for t in self.catalog.targets if t.target_id == r.ref_dataset), None)
-                tables = self.platform.tables()
-                if ref is not None and tables.exists(ref.identifier):
-                    refs[r.ref_dataset] = tables.read(ref.identifier)
-        ctx["ref_frames"] = refs
-        return ctx
 
     def _record_checks(self, checks: list[CheckOutcome]) -> None:
         from lakehouse.validation.history import record_outcomes
@@ -440,24 +429,16 @@ class StageRunner:
 
             record_published(self, outcome, plan)
         if plan.kind == "jdbc":
-            from lakehouse.ingest.jdbc import cleanup_staging
+            from lakehouse.ingest.jdbc import after_publish
 
-            cleanup_staging(self, plan)
+            after_publish(self, plan, outcome)  # rows read / watermark into metadata; drop the staged copy
         if self.target.export_target_id:
             from lakehouse.export.warehouse import export_after_publish
 
             export_after_publish(self, outcome)  # adds rows/table/duration to outcome.extra
+        from lakehouse.lineage.datahub import emit_stage_run
 
-
-def _align_to_table(df: DataFrame, schema) -> DataFrame:
-    """Add the table's columns a batch lacks as typed nulls (after a schema evolution)."""
-    from pyspark.sql import functions as F
-
-    have = {c.lower() for c in df.columns}
-    for f in schema.fields:
-        if f.name.lower() not in have:
-            df = df.withColumn(f.name, F.lit(None).cast(f.dataType))
-    return df
+        emit_stage_run(self, plan, outcome, success=True)  # lineage + run to DataHub; never raises
 
 
 def _json(value: Any) -> str:

@@ -19,7 +19,7 @@ def _env(name: str, default: str | None = None) -> str | None:
 @dataclass(frozen=True)
 class Settings:
     home: Path
-    control_db_url: str
+    control_db_url: str = field(repr=False)  # may carry a password: never in repr()
     catalog_name: str
     catalog_uri: str  # SQLAlchemy URL PyIceberg uses; the Spark JDBC URL is derived from it
     warehouse: str

@@ -7,8 +7,11 @@ import os
 
 import dagster as dg
 
+from lakehouse.entity_raw import ensure_tables_at_startup
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.runner import Platform
+from lakehouse_assets.dashboard import dashboard_definitions
+from lakehouse_assets.entity_raw_assets import entity_raw_definitions
 from lakehouse_assets.factory import build_assets, pipeline_jobs
 from resources import IcebergIOManager, LakehouseResource, spark_resource
 from schedules import build_schedules
@@ -33,11 +36,14 @@ def build_definitions(platform: Platform | None = None) -> dg.Definitions:
     platform = platform or Platform.from_env()
     bootstrap_if_empty(platform)
     catalog = platform.store.load()
+    dashboard = dashboard_definitions()
+    ensure_tables_at_startup(platform)  # entity_raw.<app> for every registered application
+    raw = entity_raw_definitions(catalog)
     return dg.Definitions(
-        assets=build_assets(catalog),
-        jobs=pipeline_jobs(catalog),
-        sensors=build_sensors(catalog),
-        schedules=build_schedules(catalog),
+        assets=[*build_assets(catalog), *dashboard["assets"], *raw["assets"]],
+        jobs=[*pipeline_jobs(catalog), *dashboard["jobs"], *raw["jobs"]],
+        sensors=[*build_sensors(catalog), *dashboard["sensors"], *raw["sensors"]],
+        schedules=[*build_schedules(catalog), *raw["schedules"]],
         resources={
             "lakehouse": LakehouseResource(),
             "iceberg_io_manager": IcebergIOManager(),

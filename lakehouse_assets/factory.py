@@ -11,13 +11,17 @@ per-target limits hold at once.
 
 
 import inspect
+import json
 from collections.abc import Iterator
 
 import dagster as dg
 
+from lakehouse.control.retry import retry_exception
 from lakehouse.metadata.model import MetadataCatalog, Stage
 from lakehouse.runner import AuditFailed, ExtractPlan, StageDisabled, StageRunner
+from lakehouse.throughput.profiles import op_priority
 from lakehouse.validation import CheckOutcome
+from lakehouse.validation.rules import describe as describe_rule
 from resources.io_manager import PublishedTable
 
 KINDS_BY_SOURCE = {"files": "file", "s3": "s3", "jdbc": "postgres", "iceberg": "iceberg"}
@@ -63,7 +67,8 @@ def check_specs_for(catalog: MetadataCatalog, stage: Stage, key: dg.AssetKey) ->
                 asset=key,
                 description=rule.description or f"{rule.type} ({rule.severity}, action {rule.action})",
                 blocking=rule.severity == "error",
-                metadata={"rule_type": rule.type, "severity": rule.severity, "action": rule.action},
+                metadata={"rule_type": rule.type, "severity": rule.severity, "action": rule.action,
+                          "enabled": rule.enabled, "rule_expression": describe_rule(rule)},
             )
         )
     return specs
@@ -76,9 +81,14 @@ def check_result(key: dg.AssetKey, outcome: CheckOutcome) -> dg.AssetCheckResult
         "total_rows": outcome.total_rows,
         "rule_expression": dg.MetadataValue.text(outcome.expression or rule.type),
         "message": outcome.message,
+        "rule_type": rule.type,
+        "severity": rule.severity,
+        "action": rule.action,
     }
     if outcome.sample:
         md["failing_sample"] = dg.MetadataValue.json([{k: str(v) for k, v in r.items()} for r in outcome.sample])
+    if outcome.details:
+        md["details"] = dg.MetadataValue.json(json.loads(json.dumps(outcome.details, default=str)))
     return dg.AssetCheckResult(
         asset_key=key,
         check_name=rule.name,
@@ -102,7 +112,9 @@ def build_stage_asset(catalog: MetadataCatalog, stage: Stage) -> dg.AssetsDefini
     deps = upstream_keys(catalog, stage)
     base = key.to_python_identifier()
     pipeline_id, stage_name = stage.pipeline_id, stage.stage_name
-    op_tags = {"lakehouse/pipeline": pipeline_id, "lakehouse/stage": stage_name}
+    op_tags = {"lakehouse/pipeline": pipeline_id, "lakehouse/stage": stage_name,
+               # added to the run's (profile-driven) priority when a step claims a pool slot
+               "dagster/priority": str(op_priority(pipeline.criticality))}
 
     source_pool = f"source:{source.source_id}" if source is not None and not stage.transformation else None
     input_names = [f"up_{i}" for i in range(len(deps))]
@@ -118,10 +130,17 @@ def build_stage_asset(catalog: MetadataCatalog, stage: Stage) -> dg.AssetsDefini
     def extract(context: dg.OpExecutionContext) -> ExtractPlan:
         runner = StageRunner(context.resources.lakehouse.platform(), pipeline_id, stage_name,
                              context.run_id, context.log)
+        runner.run_tags = dict(context.run_tags)  # e.g. the sensor's lakehouse/arrival_batch
         try:
             plan = runner.extract()
         except StageDisabled as exc:
             raise dg.Failure(description=str(exc)) from exc
+        except Exception as exc:  # unhealed: the stage's retry policy (read now) decides
+            retry = retry_exception(runner.platform, pipeline_id, stage_name, context.run_id,
+                                    context.retry_number, exc, "extract")
+            if retry is None:
+                raise
+            raise retry from exc
         context.log.info(f"{key.to_user_string()}: plan {plan.kind} {plan.details or ''}"
                          + (f" — skipped: {plan.skipped_reason}" if plan.skipped_reason else ""))
         return plan
@@ -146,9 +165,18 @@ def build_stage_asset(catalog: MetadataCatalog, stage: Stage) -> dg.AssetsDefini
             for o in exc.outcomes:
                 if o.rule.name in spec_names:
                     yield check_result(key, o)
-            raise dg.Failure(description=str(exc), metadata={"audit_branch": exc.branch}) from exc
+            raise dg.Failure(description=str(exc), metadata={
+                "dataset": target.identifier, "stage": f"{pipeline_id}.{stage_name}", "audit_branch": exc.branch,
+                "failed_rules": ", ".join(o.rule.name for o in exc.outcomes if o.blocking_failure),
+                "next_step": f"lakehouse branches show {target.identifier} {exc.branch}"}) from exc
         except StageDisabled as exc:
             raise dg.Failure(description=str(exc)) from exc
+        except Exception as exc:
+            retry = retry_exception(runner.platform, pipeline_id, stage_name, context.run_id,
+                                    context.retry_number, exc, "load")
+            if retry is None:
+                raise
+            raise retry from exc
         yield dg.Output(PublishedTable(target.identifier, outcome.snapshot_id), "result",
                         metadata=outcome.metadata())
         reported = set()
@@ -188,9 +216,22 @@ def build_stage_asset(catalog: MetadataCatalog, stage: Stage) -> dg.AssetsDefini
             "write_mode": target.write_mode,
             **({"transformation": dg.MetadataValue.md(f"```sql\n{stage.transformation.strip()}\n```")}
                if stage.transformation else {}),
+            **column_lineage_metadata(catalog, stage),
         },
         tags={"lakehouse/pipeline": pipeline_id, "lakehouse/layer": stage.layer},
     )(compose)
+
+
+def column_lineage_metadata(catalog: MetadataCatalog, stage: Stage) -> dict:
+    """`dagster/column_lineage` from the stage's SQL (lakehouse.lineage.columns), for the UI's column view."""
+    from lakehouse.lineage.columns import upstream_column_deps
+
+    deps = upstream_column_deps(catalog, stage)
+    if not deps:
+        return {}
+    key_of = {t: stage_asset_key(catalog, catalog.stage_for_target(t)) for c in deps.values() for t, _ in c}
+    return {"dagster/column_lineage": dg.TableColumnLineage(deps_by_column={
+        col: [dg.TableColumnDep(asset_key=key_of[t], column_name=c) for t, c in cols] for col, cols in deps.items()})}
 
 
 def build_source_specs(catalog: MetadataCatalog) -> list[dg.AssetSpec]:

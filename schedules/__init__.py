@@ -6,6 +6,7 @@ import dagster as dg
 
 from lakehouse.metadata.model import MetadataCatalog
 from lakehouse.runner import Platform
+from lakehouse.throughput.queue import instance_of, request_tags
 
 
 def build_schedules(catalog: MetadataCatalog) -> list[dg.ScheduleDefinition]:
@@ -31,6 +32,7 @@ def _schedule(pipeline_id: str, cron: str, tz: str) -> dg.ScheduleDefinition:
         ok, reason = platform.store.enabled(pipeline_id)
         if not ok:
             return dg.SkipReason(reason)
-        return dg.RunRequest(tags={"lakehouse/pipeline": pipeline_id})
+        # dagster/priority etc. from the profile active now (a profile switch needs no redeploy)
+        return dg.RunRequest(tags=request_tags(platform.store, pipeline_id, instance_of(context)))
 
     return _sched

@@ -9,8 +9,10 @@ from __future__ import annotations
 import dagster as dg
 
 from lakehouse.ingest.arrivals import poll_arrivals
+from lakehouse.ingest.s3 import ARRIVAL_TAG
 from lakehouse.metadata.model import MetadataCatalog
 from lakehouse.runner import Platform
+from lakehouse.throughput.queue import instance_of, request_tags
 from lakehouse_assets.factory import stage_asset_key
 
 
@@ -45,8 +47,9 @@ def _arrival_sensor(catalog: MetadataCatalog, pipeline_id: str, stage_name: str,
                 context.update_cursor(decision.cursor)
             return dg.SkipReason(decision.skip_reason)
         requests = [
-            dg.RunRequest(run_key=b.run_key, tags={"lakehouse/pipeline": pipeline_id, "lakehouse/files": str(len(b.files)),
-                                                   **decision.tags})
+            dg.RunRequest(run_key=b.run_key, tags={**request_tags(platform.store, pipeline_id, instance_of(context)),
+                                                   "lakehouse/pipeline": pipeline_id, "lakehouse/files": str(len(b.files)),
+                                                   ARRIVAL_TAG: b.run_key, **decision.tags})
             for b in decision.batches
         ]
         context.update_cursor(decision.cursor)

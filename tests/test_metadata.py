@@ -192,3 +192,11 @@ def test_cli_validate_apply_show(tmp_path, monkeypatch, capsys):
     assert f"{meta / 'broken.yaml'}: stages[0].stage_name: Field required" in err
     assert cli(["pipeline", "disable", "no_such_pipeline"]) == 2
     assert "unknown pipeline 'no_such_pipeline'" in capsys.readouterr().err
+
+
+def test_metadata_reference_doc_is_current():
+    """docs/metadata-reference.md is generated from the model: regenerate it when a field changes."""
+    from lakehouse.metadata.reference import render
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "metadata-reference.md").read_text()
+    assert doc.strip() == render().strip(), "run: lakehouse metadata reference > docs/metadata-reference.md"

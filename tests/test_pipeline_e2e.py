@@ -65,6 +65,29 @@ def test_demo_pipeline_end_to_end(demo_platform):
     assert checks[("gold/daily_user_events", "totals_cover_users")] is True
 
 
+def duckdb_read(metadata_location: str, sql: str):
+    """DuckDB's iceberg extension (shipped as a PyPI wheel), reading the table's current metadata file."""
+    import importlib.resources
+
+    import duckdb
+
+    ext = importlib.resources.files("duckdb_ext") / "extensions" / f"v{duckdb.__version__}" / "linux_amd64"
+    con = duckdb.connect(config={"allow_unsigned_extensions": "true"})
+    for name in ("avro", "iceberg"):
+        con.execute(f"LOAD '{ext / (name + '.duckdb_extension')}'")
+    return con.execute(sql.format(table=f"iceberg_scan('{metadata_location}')")).fetchall()
+
+
+def test_tables_readable_by_duckdb(demo_platform):
+    assert run_pipeline(demo_platform).success
+    cat = pyiceberg_catalog(demo_platform.settings)
+    gold = cat.load_table("gold.daily_user_events")
+    rows = duckdb_read(gold.metadata_location.removeprefix("file://"),
+                       "SELECT strftime(event_date, '%Y-%m-%d'), total_events, unique_users FROM {table}")
+    expected = expected_daily(demo_platform.settings.landing_dir / "user_events")
+    assert {d: (t, u) for d, t, u in rows} == expected
+
+
 def test_rerun_skips_processed_files_and_new_files_append(demo_platform):
     settings = demo_platform.settings
     assert run_pipeline(demo_platform).success

@@ -1,13 +1,15 @@
 """Arrival polling for sensors: what is new since the cursor, batched into runs.
 
 Local landing zones use the modification time as the cursor: a tick lists the directory and
-keeps files newer than the cursor (or at the cursor time but not yet seen).
+keeps files newer than the cursor (or at the cursor time but not yet seen). S3 prefixes use the
+last key listed as the cursor (`lakehouse.ingest.s3.poll_s3`): see that module for out-of-order keys.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 
 from lakehouse.ingest.files import FileRef, landing_root, list_local_files
@@ -32,7 +34,8 @@ class ArrivalDecision:
     tags: dict[str, str] = field(default_factory=dict)
 
 
-def _batch(files: list[FileRef], max_files: int, max_bytes: int) -> list[ArrivalBatch]:
+def make_batches(files: list[FileRef], max_files: int, max_bytes: int) -> list[ArrivalBatch]:
+    """Group new files into runs of at most max_files files / max_bytes bytes (at least one file each)."""
     out, cur, size = [], [], 0
     for f in files:
         if cur and (len(cur) >= max_files or size + f.size > max_bytes):
@@ -52,10 +55,15 @@ def poll_arrivals(platform: Platform, pipeline_id: str, stage_name: str, cursor:
     catalog = platform.catalog()
     stage = catalog.stage(pipeline_id, stage_name)
     source = catalog.source(stage.source_id)
+    return poll_source(platform, source, cursor, catalog.target(stage.target_id).identifier)
+
+
+def poll_source(platform: Platform, source, cursor: str | None, identifier: str | None) -> ArrivalDecision:
+    """New files of one source since the cursor: S3 by key cursor, a landing directory by mtime."""
     if source.kind == "s3":
         from lakehouse.ingest.s3 import poll_s3
 
-        return poll_s3(platform, source, cursor)
+        return poll_s3(platform, source, cursor, identifier)
     state = json.loads(cursor) if cursor else {"mtime_ns": 0, "seen": []}
     root = landing_root(source, platform.settings.landing_dir)
     files = list_local_files(source, platform.settings.landing_dir)
@@ -66,6 +74,9 @@ def poll_arrivals(platform: Platform, pipeline_id: str, stage_name: str, cursor:
         return ArrivalDecision(skip_reason=f"no new files in {root}", cursor=cursor)
     top = max(m for m, _ in new)
     new_cursor = json.dumps({"mtime_ns": top, "seen": sorted(f"{f.key}@{f.etag}" for m, f in stamped if m == top)})
-    batches = _batch([f for _, f in sorted(new, key=lambda x: (x[0], x[1].key))], source.max_files_per_run,
-                     source.max_bytes_per_run)
+    batches = make_batches([f for _, f in sorted(new, key=lambda x: (x[0], x[1].key))], source.max_files_per_run,
+                           source.max_bytes_per_run)
+    from lakehouse.ingest.s3 import record_requests  # the run reads exactly its batch
+
+    record_requests(platform, source.source_id, identifier, batches, time.time())
     return ArrivalDecision(batches=batches, cursor=new_cursor)

@@ -3,64 +3,395 @@
 The source of truth is the Iceberg snapshot summary property `lakehouse.files` written by the
 same commit that adds the rows, so a crash can never record a file without its rows or the
 reverse. Only snapshots in main's ancestry count: an unpublished audit branch is not "processed".
+
+The control DB table `file_checkpoints` mirrors those summaries so that the question "was this
+file processed?" is an indexed lookup instead of a walk over every snapshot summary. It carries a
+high-water mark (`checkpoint_marks`: the main snapshot it reflects); each run folds in only the
+snapshots committed after the mark, so a crash between publish and the table write loses nothing:
+the next run finds the newer snapshot and folds it in. Files that produce no rows (empty ones,
+quarantined ones) are written to the table directly, since they have no data to be atomic with.
+`rebuild` re-derives the table from the summaries (e.g. after a rollback of main).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from lakehouse.iceberg import MAIN, IcebergTables
-from lakehouse.ingest.files import CHECKPOINT_PROPERTY, FileRef, read_files
+import sqlalchemy as sa
+
+from lakehouse.iceberg import MAIN, IcebergTables, sql_string
+from lakehouse.ingest.files import (
+    CHECKPOINT_PROPERTY,
+    EMPTY,
+    PROCESSED,
+    QUARANTINED,
+    FileRef,
+    probe_file,
+    read_files,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from lakehouse.metadata.model import Source
-    from lakehouse.runner import Platform, StageOutcome, StageRunner
+    from lakehouse.runner import ExtractPlan, Platform, StageOutcome, StageRunner
+
+log = logging.getLogger(__name__)
+RUN_ID_PROPERTY = "lakehouse.run_id"
+
+meta = sa.MetaData()
+file_checkpoints = sa.Table(
+    "file_checkpoints",
+    meta,
+    sa.Column("table_ident", sa.String(255), primary_key=True),
+    sa.Column("file_key", sa.String(1024), primary_key=True),
+    sa.Column("etag", sa.String(128), primary_key=True),
+    sa.Column("size", sa.BigInteger),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("run_id", sa.String(64)),
+    sa.Column("snapshot_id", sa.BigInteger),
+    sa.Column("error", sa.Text),
+    sa.Column("recorded_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Index("ix_file_checkpoints_status", "table_ident", "status"),
+)
+checkpoint_marks = sa.Table(
+    "checkpoint_marks",
+    meta,
+    sa.Column("table_ident", sa.String(255), primary_key=True),
+    sa.Column("snapshot_id", sa.BigInteger),
+    sa.Column("committed_at_ms", sa.BigInteger),
+    sa.Column("synced_at", sa.DateTime(timezone=True)),
+)
+#: per (table, source): the listing high-water key (every key <= it is handled) and the last full listing
+ingest_cursors = sa.Table(
+    "ingest_cursors",
+    meta,
+    sa.Column("table_ident", sa.String(255), primary_key=True),
+    sa.Column("source_id", sa.String(128), primary_key=True),
+    sa.Column("after_key", sa.String(1024)),
+    sa.Column("reconciled_at", sa.Float),
+    sa.Column("updated_at", sa.DateTime(timezone=True)),
+)
+#: the files of each batch a sensor requested, keyed by the run key: the run reads exactly these
+arrival_requests = sa.Table(
+    "arrival_requests",
+    meta,
+    sa.Column("batch_key", sa.String(64), primary_key=True),
+    sa.Column("file_key", sa.String(1024), primary_key=True),
+    sa.Column("etag", sa.String(128), nullable=False),
+    sa.Column("size", sa.BigInteger),
+    sa.Column("source_id", sa.String(128)),
+    sa.Column("table_ident", sa.String(255)),
+    sa.Column("requested_at", sa.Float, nullable=False),
+    sa.Index("ix_arrival_requests_src", "source_id", "requested_at"),
+)
+_CREATED: set[str] = set()
+
+
+def engine_for(platform: Platform) -> sa.Engine:
+    """The control DB engine with the ingestion tables created."""
+    return _engine(platform)
+
+
+def _engine(platform: Platform) -> sa.Engine:
+    eng = platform.store.engine
+    key = str(eng.url)
+    if key not in _CREATED:
+        meta.create_all(eng)
+        _CREATED.add(key)
+    return eng
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def crash_point(name: str) -> None:
+    """Fault injection for the kill -9 tests: `LAKEHOUSE_CRASH_AT=<name>` stops here.
+
+    With `LAKEHOUSE_CRASH_MARKER=<file>` the process writes the file and waits to be killed
+    from outside (the test's kill -9); without it, it SIGKILLs itself. Off unless the env asks.
+    """
+    if os.environ.get("LAKEHOUSE_CRASH_AT") != name:
+        return
+    marker = os.environ.get("LAKEHOUSE_CRASH_MARKER")
+    if marker:
+        with open(marker, "w") as fh:
+            fh.write(f"{os.getpid()} {name}\n")
+        time.sleep(600)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class CheckpointRow:
+    key: str
+    etag: str
+    size: int
+    status: str
+    run_id: str | None
+    snapshot_id: int | None
+    error: str | None = None
+
+
+class Checkpoints:
+    """The checkpoint table of one Iceberg table (identifier `namespace.table`)."""
+
+    def __init__(self, platform: Platform, identifier: str):
+        self.platform = platform
+        self.identifier = identifier
+        self.engine = _engine(platform)
+
+    # ------------------------------------------------------------------ writes
+    def record(self, rows: Iterable[CheckpointRow]) -> int:
+        """Insert-or-replace rows by (table, key, etag); one transaction."""
+        rows = list(rows)
+        if not rows:
+            return 0
+        t = file_checkpoints
+        now = _now()
+        with self.engine.begin() as conn:
+            for chunk in _chunks(rows, 400):
+                conds = [sa.and_(t.c.file_key == r.key, t.c.etag == r.etag) for r in chunk]
+                conn.execute(sa.delete(t).where(t.c.table_ident == self.identifier, sa.or_(*conds)))
+                conn.execute(sa.insert(t), [
+                    {"table_ident": self.identifier, "file_key": r.key, "etag": r.etag, "size": r.size,
+                     "status": r.status, "run_id": r.run_id, "snapshot_id": r.snapshot_id,
+                     "error": (r.error or None) and r.error[:4000], "recorded_at": now}
+                    for r in chunk
+                ])
+        return len(rows)
+
+    def record_files(self, files: Iterable[FileRef], run_id: str, snapshot_id: int | None = None) -> int:
+        return self.record(CheckpointRow(f.key, f.etag, f.size, f.status, run_id, snapshot_id, f.error) for f in files)
+
+    def mark(self) -> tuple[int | None, int | None]:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(checkpoint_marks.c.snapshot_id, checkpoint_marks.c.committed_at_ms).where(
+                    checkpoint_marks.c.table_ident == self.identifier)
+            ).first()
+        return (row[0], row[1]) if row else (None, None)
+
+    def _set_mark(self, conn: sa.Connection, snapshot_id: int | None, committed_at_ms: int | None) -> None:
+        conn.execute(sa.delete(checkpoint_marks).where(checkpoint_marks.c.table_ident == self.identifier))
+        conn.execute(sa.insert(checkpoint_marks).values(table_ident=self.identifier, snapshot_id=snapshot_id,
+                                                        committed_at_ms=committed_at_ms, synced_at=_now()))
+
+    # ------------------------------------------------------------------ sync from Iceberg
+    def sync(self, tables: IcebergTables, *, full: bool = False) -> int:
+        """Fold the summaries of main's snapshots newer than the mark into the table. Returns files added."""
+        if not tables.exists(self.identifier):
+            return 0
+        main = tables.snapshot_id(self.identifier, MAIN)
+        mark, mark_ms = (None, None) if full else self.mark()
+        if main is None or main == mark:
+            return 0
+        rows = _snapshot_rows(tables, self.identifier, mark_ms)
+        chain, reached = _walk(rows, main, stop=mark)
+        if mark is not None and not reached:
+            # the mark is not an ancestor of main any more (rollback, expiry): fold in everything
+            rows = _snapshot_rows(tables, self.identifier, None)
+            chain, _ = _walk(rows, main, stop=None)
+        out: list[CheckpointRow] = []
+        for r in reversed(chain):  # oldest first, so a re-commit of a key later wins
+            if not r["files"]:
+                continue
+            for f in json.loads(r["files"]):
+                out.append(CheckpointRow(f["key"], f["etag"], int(f.get("size", 0)), f.get("status", PROCESSED),
+                                         r["run_id"], r["snapshot_id"], f.get("error")))
+        self.record(out)
+        with self.engine.begin() as conn:
+            self._set_mark(conn, main, rows[main]["ms"] if main in rows else None)
+        if out:
+            log.info("%s: folded %d file checkpoint(s) from %d snapshot(s) into the checkpoint table",
+                     self.identifier, len(out), len(chain))
+        return len(out)
+
+    def rebuild(self, tables: IcebergTables) -> int:
+        """Drop this table's checkpoint rows and re-derive them from main's snapshot summaries.
+
+        Rows for files that never committed data (quarantined, empty) survive, since no summary
+        may carry them.
+        """
+        with self.engine.begin() as conn:
+            conn.execute(sa.delete(file_checkpoints).where(file_checkpoints.c.table_ident == self.identifier,
+                                                           file_checkpoints.c.status == PROCESSED))
+            conn.execute(sa.delete(checkpoint_marks).where(checkpoint_marks.c.table_ident == self.identifier))
+        return self.sync(tables, full=True)
+
+    # ------------------------------------------------------------------ reads
+    def handled(self, files: Iterable[FileRef]) -> set[tuple[str, str]]:
+        """(key, etag) among `files` that are already processed, empty or quarantined: an indexed lookup."""
+        files = list(files)
+        t = file_checkpoints
+        out: set[tuple[str, str]] = set()
+        with self.engine.connect() as conn:
+            for chunk in _chunks(sorted({f.key for f in files}), 500):
+                for k, e in conn.execute(sa.select(t.c.file_key, t.c.etag).where(
+                        t.c.table_ident == self.identifier, t.c.file_key.in_(chunk))):
+                    out.add((k, e))
+        return out
+
+    def all_handled(self) -> set[tuple[str, str]]:
+        t = file_checkpoints
+        with self.engine.connect() as conn:
+            return {(k, e) for k, e in conn.execute(
+                sa.select(t.c.file_key, t.c.etag).where(t.c.table_ident == self.identifier))}
+
+    def rows(self, status: str | None = None, limit: int | None = None) -> list[dict]:
+        t = file_checkpoints
+        q = sa.select(t).where(t.c.table_ident == self.identifier).order_by(t.c.recorded_at, t.c.file_key)
+        if status:
+            q = q.where(t.c.status == status)
+        if limit:
+            q = q.limit(limit)
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(q).mappings()]
+
+    def counts(self) -> dict[str, int]:
+        t = file_checkpoints
+        with self.engine.connect() as conn:
+            return {s: n for s, n in conn.execute(
+                sa.select(t.c.status, sa.func.count()).where(t.c.table_ident == self.identifier).group_by(t.c.status))}
+
+
+def _snapshot_rows(tables: IcebergTables, identifier: str, since_ms: int | None) -> dict[int, dict]:
+    """snapshot_id -> {snapshot_id, parent_id, ms, files, run_id} for snapshots committed at/after since_ms."""
+    meta = getattr(tables, "meta", None)
+    if meta is not None:  # PyIceberg: reads the metadata file, no Spark job
+        out = {}
+        for sn in meta.load_table(identifier).metadata.snapshots:
+            if since_ms is not None and sn.timestamp_ms < since_ms:
+                continue
+            props = sn.summary.additional_properties if sn.summary is not None else {}
+            out[sn.snapshot_id] = {"snapshot_id": sn.snapshot_id, "parent_id": sn.parent_snapshot_id,
+                                   "ms": sn.timestamp_ms, "files": props.get(CHECKPOINT_PROPERTY),
+                                   "run_id": props.get(RUN_ID_PROPERTY)}
+        return out
+    q = (f"SELECT snapshot_id, parent_id, CAST(unix_millis(committed_at) AS BIGINT) AS ms, "
+         f"summary[{sql_string(CHECKPOINT_PROPERTY)}] AS files, summary[{sql_string(RUN_ID_PROPERTY)}] AS run_id "
+         f"FROM {tables.metadata_table(identifier, 'snapshots')}")
+    if since_ms is not None:
+        q += f" WHERE committed_at >= timestamp_millis({int(since_ms)})"
+    return {r["snapshot_id"]: r.asDict() for r in tables.spark.sql(q).collect()}
+
+
+def _walk(rows: dict, head: int, stop: int | None) -> tuple[list, bool]:
+    """Snapshots from `head` back along parent links until `stop`; (chain, stop was reached)."""
+    chain, cur = [], head
+    while cur is not None and cur in rows and cur != stop:
+        chain.append(rows[cur])
+        cur = rows[cur]["parent_id"]
+    return chain, cur == stop
+
+
+def _chunks(seq: list, n: int):
+    for i in range(0, len(seq), n):
+        yield seq[i : i + n]
 
 
 def processed_files(platform: Platform, tables: IcebergTables, identifier: str) -> set[tuple[str, str]]:
-    main = tables.snapshot_id(identifier, MAIN)
-    if main is None:
-        return set()
-    rows = tables.spark.sql(
-        f"SELECT snapshot_id, parent_id, summary[{_lit(CHECKPOINT_PROPERTY)}] AS files "
-        f"FROM {tables.metadata_table(identifier, 'snapshots')}"
-    ).collect()
-    parent = {r["snapshot_id"]: r["parent_id"] for r in rows}
-    files = {r["snapshot_id"]: r["files"] for r in rows}
-    done: set[tuple[str, str]] = set()
-    cur = main
-    while cur is not None and cur in parent:
-        if files.get(cur):
-            done.update((f["key"], f["etag"]) for f in json.loads(files[cur]))
-        cur = parent[cur]
-    return done
+    """(key, etag) of every file handled for `identifier` (rows on main, empty, or quarantined)."""
+    cp = Checkpoints(platform, identifier)
+    cp.sync(tables)
+    return cp.all_handled()
 
 
-def _lit(value: str) -> str:
-    from lakehouse.iceberg import sql_string
-
-    return sql_string(value)
+# --------------------------------------------------------------------------- reading a batch
 
 
 def read_batch(runner: StageRunner, spark: SparkSession, source: Source, chunk: list[FileRef]
                ) -> tuple[DataFrame | None, list[FileRef], list[FileRef]]:
-    """(frame over the readable files, readable files, unreadable files)."""
+    """(frame over the readable files, every file of the chunk with its status, []).
+
+    Each file is probed before Spark sees it; an empty file is recorded as `empty`, an unreadable
+    one as `quarantined` (checkpoint table + audit_log) and the rest of the batch proceeds.
+    """
     from pyspark.sql import functions as F
 
-    good = [f for f in chunk if f.size > 0 or source.format != "parquet"]
-    empty = [f for f in chunk if f not in good]
+    crash_point("before_batch" if not getattr(runner, "_batches_read", 0) else "after_branch_commit")
+    runner._batches_read = getattr(runner, "_batches_read", 0) + 1
+    checked: list[FileRef] = []
+    for f in chunk:
+        if f.status != PROCESSED:  # already quarantined during download
+            checked.append(f)
+            continue
+        path = f.local_path or f.key
+        if f.size == 0:
+            checked.append(f.with_status(EMPTY))
+            continue
+        if "://" in path and not path.startswith("file:"):
+            checked.append(f)  # direct s3a:// read: nothing local to probe
+            continue
+        err = probe_file(path, source.format, source.csv_header)
+        checked.append(f if err is None else f.with_status(QUARANTINED, err))
+    unread = [f for f in checked if f.status != PROCESSED]
+    if unread:
+        note_unread_files(runner, unread)
+    good = [f for f in checked if f.status == PROCESSED]
     if not good:
-        return None, empty, []
+        return None, checked, []
     df = read_files(spark, source, good)
-    df = df.withColumn("_source_file", F.input_file_name()).withColumn(
-        "_ingested_at", F.current_timestamp()
-    )
-    return df, good + empty, []
+    staged = {f.local_path: f for f in good if f.local_path and f.local_path != f.key and "://" not in f.local_path}
+    if staged and source.kind == "s3":
+        # staged copies have opaque names: report the S3 object each row came from
+        from pathlib import Path
+
+        pairs = []
+        for p, f in staged.items():
+            pairs += [F.lit(Path(p).resolve().as_uri()), F.lit(f"s3://{source.bucket}/{f.key}")]
+        df = df.withColumn("_source_file", F.element_at(F.create_map(*pairs), F.input_file_name()))
+    else:
+        df = df.withColumn("_source_file", F.input_file_name())
+    df = df.withColumn("_ingested_at", F.current_timestamp())
+    return df, checked, []
 
 
-def record_published(runner: StageRunner, outcome: StageOutcome) -> None:
-    """Hook after publish (the checkpoint itself is already in the snapshot summary)."""
-    return None
+def note_unread_files(runner: StageRunner, files: list[FileRef]) -> None:
+    """Record empty / quarantined files now (no rows depend on them) and tell the run's metadata."""
+    tables_ident = runner.target.identifier
+    Checkpoints(runner.platform, tables_ident).record_files(files, runner.run_id)
+    report = runner.__dict__.setdefault("ingest_report", {})
+    for f in files:
+        if f.status == QUARANTINED:
+            report.setdefault("quarantined_files", []).append({"key": f.key, "error": f.error})
+            runner.audit("file_quarantined", error_class="UnreadableFile", outcome="quarantined",
+                         message=f"{f.key}: {f.error}", details={"key": f.key, "etag": f.etag, "size": f.size})
+            runner.log.warning("quarantined unreadable file %s: %s", f.key, f.error)
+        else:
+            report.setdefault("empty_files", []).append(f.key)
+
+
+def ingest_metadata(runner: StageRunner) -> dict:
+    """Materialization metadata about files: how many quarantined / empty, and which."""
+    report = getattr(runner, "ingest_report", {}) or {}
+    md: dict = {}
+    q = report.get("quarantined_files") or []
+    if q:
+        md["quarantined_files"] = len(q)
+        md["quarantined_file_errors"] = json.dumps(q[:50])
+    if report.get("empty_files"):
+        md["empty_files"] = len(report["empty_files"])
+    for k in ("files_downloaded", "download_seconds", "staged_bytes"):
+        if k in report:
+            md[k] = report[k]
+    return md
+
+
+def record_published(runner: StageRunner, outcome: StageOutcome, plan: ExtractPlan | None = None) -> None:
+    """After publish: fold the new main snapshots into the checkpoint table, clean staging, report."""
+    crash_point("after_publish")
+    Checkpoints(runner.platform, runner.target.identifier).sync(runner.platform.tables())
+    outcome.extra.update(ingest_metadata(runner))
+    if plan is not None and plan.kind == "s3":
+        from lakehouse.ingest.s3 import after_publish
+
+        after_publish(runner, outcome, plan)

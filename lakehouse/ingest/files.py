@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,15 +17,29 @@ if TYPE_CHECKING:
 CHECKPOINT_PROPERTY = "lakehouse.files"
 
 
+#: checkpoint statuses: rows committed / zero bytes (nothing to read) / unreadable, kept out of the table
+PROCESSED, EMPTY, QUARANTINED = "processed", "empty", "quarantined"
+
+
 @dataclass(frozen=True)
 class FileRef:
     key: str  # path relative to the landing root, or the S3 key
     size: int
     etag: str
     local_path: str | None = None  # where Spark reads it (staged copy or the landing file itself)
+    status: str = PROCESSED
+    error: str | None = None
 
     def as_checkpoint(self) -> dict:
-        return {"key": self.key, "etag": self.etag, "size": self.size}
+        d = {"key": self.key, "etag": self.etag, "size": self.size}
+        if self.status != PROCESSED:
+            d["status"] = self.status
+        if self.error:
+            d["error"] = self.error[:500]
+        return d
+
+    def with_status(self, status: str, error: str | None = None) -> FileRef:
+        return replace(self, status=status, error=error)
 
 
 def landing_root(source: Source, landing_dir: Path) -> Path:
@@ -84,7 +98,9 @@ def read_files(spark: SparkSession, source: Source, files: list[FileRef]) -> Dat
     if source.format == "parquet":
         df = reader.parquet(*paths)
     elif source.format == "csv":
-        df = reader.option("header", str(source.csv_header).lower()).option("mode", "FAILFAST").csv(paths)
+        # multiLine: quoted fields may contain newlines (RFC 4180); the probe accepts them, so must Spark
+        df = (reader.option("header", str(source.csv_header).lower()).option("mode", "FAILFAST")
+              .option("multiLine", source.options.get("csv_multiline", "true")).csv(paths))
     elif source.format == "jsonl":
         df = reader.option("mode", "FAILFAST").json(paths)
     else:  # pragma: no cover - the model rejects other formats
@@ -96,3 +112,64 @@ def read_files(spark: SparkSession, source: Source, files: list[FileRef]) -> Dat
 
 def file_refs_to_json(files: list[FileRef]) -> list[dict]:
     return [asdict(f) for f in files]
+
+
+#: JSON / CSV files up to this size are parsed completely by the probe; larger ones head and tail.
+PROBE_FULL_BYTES = 256 * 1024**2
+
+
+def probe_file(path: str, fmt: str, csv_header: bool = True) -> str | None:
+    """A cheap local check that Spark can read the file: None if fine, else the reason.
+
+    Parquet: the footer (pyarrow reads only the metadata). JSON lines: every line parses (head
+    and tail for very large files). CSV: UTF-8 and one field count throughout. A bad file found
+    here is quarantined alone instead of failing the whole batch inside Spark.
+    """
+    p = Path(path)
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            md = pq.read_metadata(p)
+            if md.num_columns == 0:
+                return "parquet file has no columns"
+            return None
+        size = p.stat().st_size
+        with p.open("rb") as fh:
+            if size <= PROBE_FULL_BYTES:
+                data = fh.read()
+            else:  # head and tail, cut at line boundaries
+                head = fh.read(8 * 1024**2)
+                fh.seek(max(0, size - 8 * 1024**2))
+                tail = fh.read()
+                data = head[: head.rfind(b"\n") + 1] + tail[tail.find(b"\n") + 1 :]
+        if fmt == "jsonl":
+            for n, raw in enumerate(data.split(b"\n"), 1):
+                if raw.strip():
+                    try:
+                        obj = json.loads(raw)
+                    except (ValueError, UnicodeDecodeError) as exc:
+                        return f"line {n}: not valid JSON ({exc})"
+                    if not isinstance(obj, dict):
+                        return f"line {n}: a JSON {type(obj).__name__}, not an object"
+            return None
+        if fmt == "csv":
+            import csv
+            import io
+
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return f"not UTF-8 text ({exc})"
+            width = None
+            for n, row in enumerate(csv.reader(io.StringIO(text, newline="")), 1):
+                if not row:
+                    continue
+                if width is None:
+                    width = len(row)
+                elif len(row) != width:
+                    return f"row {n} has {len(row)} fields, expected {width} (truncated or malformed)"
+            return None
+    except Exception as exc:  # noqa: BLE001 - any reader error means "unreadable"
+        return f"{type(exc).__name__}: {exc}"
+    return None

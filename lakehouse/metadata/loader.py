@@ -255,6 +255,11 @@ def check_references(loaded: LoadedMetadata) -> None:
     for a in c.applications:
         if a.source_id is not None:
             need("source", a.source_id, "applications", a.key(), "source_id")
+    for e in c.dataset_lineage:  # every route must join datasets the platform knows (issue 8)
+        for fld in ("from_dataset_id", "to_dataset_id"):
+            if getattr(e, fld) not in datasets:
+                problems.append(f"{_where(loaded, 'dataset_lineage', e.key())}.{fld}: unknown dataset "
+                                f"{getattr(e, fld)!r}; known: {sorted(datasets)}")
     for rs in c.validation_rules:
         for i, r in enumerate(rs.rules):
             if r.type == "referential_integrity" and r.ref_dataset not in datasets:

@@ -1,32 +1,199 @@
-"""Quarantine: rows failing a `quarantine` rule, kept next to the dataset with the failed rule names."""
+"""Quarantine: rows failing a `quarantine` rule, kept next to the dataset with every rule they failed.
+
+The quarantine table `<namespace>.<table>__quarantine` holds the input columns plus
+`_failed_rules` (array of rule names), `_run_id`, `_quarantined_at` and `_quarantine_id`.
+It is written on the run's audit branch and published with the data, so a failed audit
+leaves both tables' `main` untouched and a re-run does not quarantine the same rows twice.
+`replay` re-validates quarantined rows with the current rules and moves the passing ones into
+the dataset through the same write-audit-publish path.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from lakehouse.iceberg import IcebergTables, quote, retry_metadata_commit
+from lakehouse.metadata.model import Target
+from lakehouse.validation.rules import FAILED_RULES_COLUMN, acting_rules, tag_failures
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from lakehouse.runner import StageRunner
+    from lakehouse.runner import Platform, StageRunner
+
+log = logging.getLogger(__name__)
+
+SUFFIX = "__quarantine"
+META_COLUMNS = (FAILED_RULES_COLUMN, "_run_id", "_quarantined_at", "_quarantine_id")
 
 
 def quarantine_identifier(identifier: str) -> str:
     ns, tbl = identifier.split(".", 1)
-    return f"{ns}.{tbl}__quarantine"
+    return f"{ns}.{tbl}{SUFFIX}"
 
 
-def write_quarantine(runner: StageRunner, bad: DataFrame) -> int:
-    """Append failing rows (with `_failed_rules`, `_run_id`, `_quarantined_at`) to the quarantine table."""
+def quarantine_target(target: Target) -> Target:
+    ns, tbl = quarantine_identifier(target.identifier).split(".", 1)
+    return Target(target_id=f"{target.target_id}{SUFFIX}", namespace=ns, table=tbl, write_mode="append",
+                  description=f"rows of {target.identifier} that failed a quarantine rule")
+
+
+class QuarantineWriter:
+    """Appends a run's quarantined rows to the audit branch of the quarantine table."""
+
+    def __init__(self, runner: StageRunner, tables: IcebergTables, branch: str):
+        self.runner = runner
+        self.tables = tables
+        self.branch = branch
+        self.target = quarantine_target(runner.target)
+        self.ident = self.target.identifier
+        self.created = False
+
+    def write(self, bad: DataFrame) -> int:
+        from pyspark.sql import functions as F
+
+        from lakehouse.validation.wap import align_to_table
+
+        rows = (bad.withColumn("_run_id", F.lit(self.runner.run_id))
+                .withColumn("_quarantined_at", F.current_timestamp())
+                .withColumn("_quarantine_id", F.expr("uuid()")))
+        if not self.created:
+            def start_branch():
+                self.tables.ensure_table(self.target, rows.schema)
+                if self.branch in self.tables.refs(self.ident):  # a retried step starts over, never doubles rows
+                    self.tables.drop_branch(self.ident, self.branch)
+                self.tables.create_branch(self.ident, self.branch)
+
+            retry_metadata_commit(self.tables, self.ident, start_branch)
+            self.created = True
+        retry_metadata_commit(self.tables, self.ident, lambda: self.tables.add_missing_columns(self.ident, rows.schema))
+        rows = align_to_table(rows, self.tables.read(self.ident).schema)
+        res = self.tables.write(rows, self.target, branch=self.branch,
+                                snapshot_properties={"lakehouse.run_id": self.runner.run_id})
+        return res.rows_written
+
+    def publish(self) -> None:
+        if self.created:
+            self.tables.publish(self.ident, self.branch)
+            retry_metadata_commit(self.tables, self.ident, lambda: self.tables.drop_branch(self.ident, self.branch))
+
+
+# --------------------------------------------------------------------------- inspection and replay
+def resolve_dataset(platform: Platform, dataset: str) -> Target:
+    """A dataset named by target_id or by identifier (namespace.table)."""
+    catalog = platform.catalog()
+    for t in catalog.targets:
+        if t.target_id == dataset or (t.kind == "iceberg" and t.identifier.lower() == dataset.lower()):
+            if t.kind != "iceberg":
+                raise KeyError(f"dataset {dataset!r} is a {t.kind} target, not an Iceberg table")
+            return t
+    known = sorted(t.target_id for t in catalog.targets)
+    raise KeyError(f"unknown dataset {dataset!r}; give a target_id or namespace.table, known: {known}")
+
+
+def read_quarantine(platform: Platform, dataset: str) -> DataFrame | None:
+    target = resolve_dataset(platform, dataset)
+    tables = platform.tables()
+    ident = quarantine_identifier(target.identifier)
+    return tables.read(ident) if tables.exists(ident) else None
+
+
+def summary(platform: Platform, dataset: str) -> list[dict[str, Any]]:
+    """Quarantined rows per (rule, run): what `lakehouse quarantine show` prints first."""
     from pyspark.sql import functions as F
 
-    from lakehouse.metadata.model import Target
+    q = read_quarantine(platform, dataset)
+    if q is None:
+        return []
+    rows = (q.select(F.explode(F.col(FAILED_RULES_COLUMN)).alias("rule"), "_run_id", "_quarantined_at")
+            .groupBy("rule", "_run_id").agg(F.count(F.lit(1)).alias("rows"), F.max("_quarantined_at").alias("latest"))
+            .orderBy("rule", "_run_id").collect())
+    return [{"rule": r["rule"], "run_id": r["_run_id"], "rows": r["rows"], "latest": r["latest"]} for r in rows]
 
-    tables = runner.platform.tables()
-    ident = quarantine_identifier(runner.target.identifier)
-    ns, tbl = ident.split(".", 1)
-    target = Target(target_id=f"{runner.target.target_id}__quarantine", namespace=ns, table=tbl)
-    rows = bad.withColumn("_run_id", F.lit(runner.run_id)).withColumn("_quarantined_at", F.current_timestamp())
-    tables.ensure_table(target, rows.schema, wap=False)
-    tables.add_missing_columns(ident, rows.schema)
-    res = tables.write(rows, target)
-    return res.rows_written
+
+@dataclass
+class ReplayResult:
+    dataset: str
+    run_id: str
+    candidates: int = 0
+    replayed: int = 0
+    still_failing: int = 0
+    still_failing_by_rule: dict[str, int] = field(default_factory=dict)
+    snapshot_id: int | None = None
+    published: bool = False
+
+
+def replay(platform: Platform, dataset: str, run_id: str | None = None, logger: logging.Logger | None = None
+           ) -> ReplayResult:
+    """Re-validate quarantined rows with the current rules; move the passing ones into the
+    dataset through write-audit-publish, then delete exactly those rows from quarantine.
+
+    Rows still failing a drop/quarantine rule stay in quarantine as they are. If the audit of the replayed rows fails, nothing moves (AuditFailed propagates).
+    """
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from lakehouse.runner import Batch, StageRunner
+
+    target = resolve_dataset(platform, dataset)
+    catalog = platform.catalog()
+    stage = catalog.stage_for_target(target.target_id)
+    if stage is None:
+        raise KeyError(f"no stage writes dataset {dataset!r}: nothing to replay through")
+    run_id = run_id or f"replay_{uuid.uuid4().hex[:16]}"
+    result = ReplayResult(target.identifier, run_id)
+    q = read_quarantine(platform, dataset)
+    if q is None:
+        return result
+    runner = StageRunner(platform, stage.pipeline_id, stage.stage_name, run_id, logger)
+    rules = [r for r in runner.rules if r.enabled]
+    data_cols = [c for c in q.columns if c not in META_COLUMNS]
+    retagged = tag_failures(q.select(*[F.col(quote(c)) for c in data_cols], "_quarantine_id"), rules)
+    acting = F.array(*[F.lit(r.name) for r in acting_rules(rules)]) if acting_rules(rules) else None
+    passes = ~F.arrays_overlap(F.col(FAILED_RULES_COLUMN), acting) if acting is not None else F.lit(True)
+    retagged = retagged.withColumn("__passes", passes).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        counts = retagged.groupBy("__passes").count().collect()
+        by = {r["__passes"]: r["count"] for r in counts}
+        result.candidates = sum(by.values())
+        result.still_failing = by.get(False, 0)
+        for r in (retagged.where(~F.col("__passes")).select(F.explode(FAILED_RULES_COLUMN).alias("rule"))
+                  .groupBy("rule").count().collect()):
+            result.still_failing_by_rule[r["rule"]] = r["count"]
+        ok = retagged.where(F.col("__passes"))
+        ids = [r["_quarantine_id"] for r in ok.select("_quarantine_id").collect()]
+        if not ids:
+            return result
+        rows = ok.select(*[F.col(quote(c)) for c in data_cols])
+        runner.require_enabled("before quarantine replay")
+        runner.audit("quarantine_replay_started", details={"rows": len(ids)})
+        outcome = runner.write_audit_publish(
+            [Batch(rows, {"lakehouse.run_id": run_id, "lakehouse.replay_of": quarantine_identifier(target.identifier)},
+                   label="quarantine replay")],
+            quarantine=False,
+        )
+        result.replayed = outcome.rows_written
+        result.snapshot_id = outcome.snapshot_id
+        result.published = outcome.published
+        _delete_ids(platform, quarantine_identifier(target.identifier), ids)
+        runner.audit("quarantine_replayed", outcome="success",
+                     details={"replayed": result.replayed, "still_failing": result.still_failing})
+    finally:
+        retagged.unpersist()
+    return result
+
+
+def _delete_ids(platform: Platform, ident: str, ids: list[str]) -> None:
+    """Remove replayed rows from quarantine by id (a MERGE keyed on a temp view, no SQL pasting)."""
+    spark = platform.spark()
+    tables = platform.tables()
+    view = f"lh_replayed_{uuid.uuid4().hex[:12]}"
+    spark.createDataFrame([(i,) for i in ids], "_quarantine_id string").createOrReplaceTempView(view)
+    try:
+        spark.sql(f"MERGE INTO {tables.qualified(ident)} t USING {quote(view)} s "
+                  "ON t._quarantine_id = s._quarantine_id WHEN MATCHED THEN DELETE")
+    finally:
+        spark.catalog.dropTempView(view)

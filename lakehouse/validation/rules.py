@@ -1,13 +1,16 @@
 """Rule evaluation on Spark DataFrames.
 
-Row rules compile to a Spark SQL boolean "this row passes"; dataset rules compute one
-aggregate. Everything that reaches SQL text is quoted by `lakehouse.iceberg.quote` /
-`sql_string`, except `expression` rules, which are Spark SQL written by the metadata author
-and parsed by sqlglot first so that only a single boolean expression is accepted.
+Row rules compile to a Spark `Column` that is TRUE when a row passes (NULL counts as failing),
+built with the DataFrame API so no identifier or value is ever pasted into SQL text; all row
+rules of a stage share one aggregation pass. `expression` rules are Spark SQL written by the
+metadata author: sqlglot must parse them as ONE boolean scalar expression (no statement,
+subquery, aggregate or window) and Spark must type them as boolean before they run. The
+schema contract is checked with pandera's pyspark backend (schema-only, no data scan).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,9 +18,15 @@ from lakehouse.iceberg import quote, sql_string
 from lakehouse.metadata.model import Rule
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
 SAMPLE_ROWS = 5
+FAILED_RULES_COLUMN = "_failed_rules"
+ROW_ACTIONS = ("drop", "quarantine")
+
+
+class RuleError(ValueError):
+    """A rule that cannot be evaluated as written (bad expression, unknown column, bad type)."""
 
 
 @dataclass
@@ -33,7 +42,120 @@ class CheckOutcome:
 
     @property
     def blocking_failure(self) -> bool:
+        """Only `error` severity blocks publish (and downstream assets); `warn` is reported."""
         return not self.passed and self.rule.severity == "error"
+
+
+# --------------------------------------------------------------------------- expressions
+def check_expression(expression: str, rule_name: str = "?") -> str:
+    """Accept only a single scalar boolean-looking expression: no statement, subquery,
+    aggregate, window or second statement smuggled in after a `;`."""
+    import sqlglot
+    from sqlglot import exp
+
+    where = f"rule {rule_name!r}: expression {expression!r}"
+    try:
+        trees = [t for t in sqlglot.parse(expression, read="spark") if t is not None]
+    except sqlglot.errors.ParseError as exc:
+        err = exc.errors[0] if exc.errors else {}
+        raise RuleError(f"{where} does not parse as Spark SQL: {err.get('description', 'syntax error')} "
+                        f"at column {err.get('col', '?')}") from exc
+    if len(trees) != 1:
+        raise RuleError(f"{where} must be one expression, found {len(trees)} statements")
+    tree = trees[0]
+    if not isinstance(tree, exp.Condition) or tree.find(exp.Subquery, exp.Select, exp.Query):
+        raise RuleError(f"{where} must be a boolean expression, not a statement or subquery")
+    if tree.find(exp.AggFunc, exp.Window):
+        raise RuleError(f"{where} must be a row-level expression (no aggregates or windows)")
+    return expression
+
+
+def _col(name: str) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.col(quote(name))
+
+
+def _require_columns(df_columns: list[str], rule: Rule, names: list[str]) -> None:
+    have = {c.lower() for c in df_columns}
+    missing = [n for n in names if n.lower() not in have]
+    if missing:
+        raise RuleError(f"rule {rule.name!r}: column(s) {missing} not in the dataset (columns: {sorted(df_columns)})")
+
+
+def row_condition(rule: Rule, df: DataFrame) -> Column:
+    """TRUE when a row passes `rule` (a NULL result counts as failing)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BooleanType
+
+    if rule.type == "not_null":
+        _require_columns(df.columns, rule, rule.columns)
+        cond = None
+        for c in rule.columns:
+            cond = _col(c).isNotNull() if cond is None else cond & _col(c).isNotNull()
+        return cond
+    if rule.type == "expression":
+        text = check_expression(rule.expression or "", rule.name)
+        try:
+            cond = F.expr(text)
+            dtype = df.select(cond.alias("__c")).schema[0].dataType
+        except Exception as exc:  # noqa: BLE001 - AnalysisException / ParseException: name the rule
+            raise RuleError(f"rule {rule.name!r}: expression {text!r} is not valid here: "
+                            f"{str(exc).splitlines()[0]}") from exc
+        if not isinstance(dtype, BooleanType):
+            raise RuleError(f"rule {rule.name!r}: expression {text!r} is {dtype.simpleString()}, not boolean")
+        return F.coalesce(cond, F.lit(False))
+    if not rule.column:
+        raise RuleError(f"rule {rule.name!r} of type {rule.type} needs column")
+    _require_columns(df.columns, rule, [rule.column])
+    col = _col(rule.column)
+    if rule.type == "accepted_values":
+        cond = col.isin([F.lit(v) for v in rule.values])
+    elif rule.type == "range":
+        cond = F.lit(True)
+        if rule.min is not None:
+            cond = cond & (col >= F.lit(rule.min))
+        if rule.max is not None:
+            cond = cond & (col <= F.lit(rule.max))
+    elif rule.type == "regex":
+        cond = col.cast("string").rlike(rule.pattern or "")
+    else:
+        raise RuleError(f"rule {rule.name!r}: {rule.type} is not a row rule")
+    return F.coalesce(cond, F.lit(False))
+
+
+def describe(rule: Rule) -> str:
+    """The rule as Spark SQL text for people (check metadata, history); never executed."""
+    col = quote(rule.column) if rule.column else ""
+    cols = ", ".join(quote(c) for c in rule.columns)
+    if rule.type == "not_null":
+        return " AND ".join(f"{quote(c)} IS NOT NULL" for c in rule.columns)
+    if rule.type == "accepted_values":
+        return f"{col} IN ({', '.join(_literal(v) for v in rule.values)})"
+    if rule.type == "range":
+        parts = ([f"{col} >= {_literal(rule.min)}"] if rule.min is not None else []) + \
+                ([f"{col} <= {_literal(rule.max)}"] if rule.max is not None else [])
+        return " AND ".join(parts)
+    if rule.type == "regex":
+        return f"{col} RLIKE {sql_string(rule.pattern or '')}"
+    if rule.type == "expression":
+        return rule.expression or ""
+    if rule.type == "row_count":
+        return " AND ".join(p for p in [f"count(*) >= {_literal(rule.min)}" if rule.min is not None else "",
+                                        f"count(*) <= {_literal(rule.max)}" if rule.max is not None else ""] if p) \
+            or "count(*) >= 0"
+    if rule.type == "row_count_change":
+        return f"abs(rows - previous_rows) * 100 / previous_rows <= {rule.max_change_pct}"
+    if rule.type == "freshness":
+        return f"current_timestamp() - max({col}) <= INTERVAL {int(rule.max_age_seconds or 0)} SECONDS"
+    if rule.type == "unique":
+        return f"count(*) = 1 GROUP BY {cols}"
+    if rule.type == "referential_integrity":
+        return f"({cols}) IN (SELECT {', '.join(quote(c) for c in rule.ref_columns)} FROM {rule.ref_dataset})"
+    if rule.type == "schema_contract":
+        return f"schema ({', '.join(f'{quote(c.name)} {c.type}' for c in rule.expected_columns)}), " \
+               f"policy {rule.schema_policy}"
+    return rule.type
 
 
 def _literal(v: Any) -> str:
@@ -44,148 +166,361 @@ def _literal(v: Any) -> str:
     return sql_string(str(v))
 
 
-def check_expression(expression: str) -> str:
-    """Accept only a single boolean expression (no statements, no subqueries)."""
-    import sqlglot
-    from sqlglot import exp
-
-    from lakehouse.sqlparse import SqlParseError
-
-    try:
-        tree = sqlglot.parse_one(expression, read="spark")
-    except sqlglot.errors.ParseError as exc:
-        raise SqlParseError(f"rule expression {expression!r} does not parse: {exc}") from exc
-    if isinstance(tree, (exp.Query, exp.Command, exp.DDL, exp.DML)) or tree.find(exp.Subquery, exp.Select):
-        raise SqlParseError(f"rule expression {expression!r} must be a boolean expression, not a statement")
-    return expression
+def _sample(df: DataFrame, n: int = SAMPLE_ROWS) -> list[dict[str, Any]]:
+    return [r.asDict(recursive=True) for r in df.limit(n).collect()]
 
 
-def row_predicate(rule: Rule) -> str:
-    """Spark SQL boolean that is TRUE when a row passes the rule (NULL counts as failing)."""
-    if rule.type == "not_null":
-        return " AND ".join(f"{quote(c)} IS NOT NULL" for c in rule.columns)
-    col = quote(rule.column) if rule.column else ""
-    if rule.type == "accepted_values":
-        return f"{col} IN ({', '.join(_literal(v) for v in rule.values)})"
-    if rule.type == "range":
-        parts = []
-        if rule.min is not None:
-            parts.append(f"{col} >= {_literal(rule.min)}")
-        if rule.max is not None:
-            parts.append(f"{col} <= {_literal(rule.max)}")
-        return " AND ".join(parts)
-    if rule.type == "regex":
-        return f"{col} RLIKE {sql_string(rule.pattern or '')}"
-    if rule.type == "expression":
-        return f"({check_expression(rule.expression or '')})"
-    raise ValueError(f"{rule.type} is not a row rule")
+# --------------------------------------------------------------------------- row actions
+@dataclass
+class RowSplit:
+    """A batch split by its drop/quarantine rules."""
+
+    keep: DataFrame
+    quarantine: DataFrame | None  # input columns + _failed_rules (every row rule the row failed)
+    tagged: DataFrame | None  # input + _failed_rules, for counting
 
 
-def _passes(rule: Rule) -> str:
-    return f"coalesce(({row_predicate(rule)}), false)"
+def acting_rules(rules: list[Rule]) -> list[Rule]:
+    return [r for r in rules if r.enabled and r.is_row_rule and r.action in ROW_ACTIONS]
+
+
+def tag_failures(df: DataFrame, rules: list[Rule], errors: dict[str, str] | None = None) -> DataFrame:
+    """Adds `_failed_rules`: the names of every enabled row rule the row fails. A rule that cannot
+    be evaluated (unknown column, bad expression) tags nothing; its error goes to `errors`."""
+    from pyspark.sql import functions as F
+
+    flags = []
+    for r in (r for r in rules if r.enabled and r.is_row_rule):
+        try:
+            flags.append(F.when(~row_condition(r, df), F.lit(r.name)))
+        except RuleError as exc:
+            if errors is None:
+                raise
+            errors[r.name] = str(exc)
+    names = F.array(*flags) if flags else F.array().cast("array<string>")
+    return df.withColumn(FAILED_RULES_COLUMN, F.filter(names, lambda x: x.isNotNull()))
+
+
+def split_rows(df: DataFrame, rules: list[Rule], errors: dict[str, str] | None = None) -> RowSplit:
+    """Rows failing a drop rule are removed; rows failing a quarantine rule are set aside (a row
+    failing both is quarantined: never lose a row someone may want back)."""
+    from pyspark.sql import functions as F
+
+    errors = {} if errors is None else errors
+    acting = acting_rules(rules)
+    if not acting:
+        return RowSplit(df, None, None)
+    tagged = tag_failures(df, rules, errors)
+    acting = [r for r in acting if r.name not in errors]
+    if not acting:
+        return RowSplit(df, None, None)
+    failed = F.col(FAILED_RULES_COLUMN)
+    acting_names = F.array(*[F.lit(r.name) for r in acting])
+    keep = tagged.where(~F.arrays_overlap(failed, acting_names)).drop(FAILED_RULES_COLUMN)
+    q_names = [r.name for r in acting if r.action == "quarantine"]
+    bad = tagged.where(F.arrays_overlap(failed, F.array(*[F.lit(n) for n in q_names]))) if q_names else None
+    return RowSplit(keep, bad, tagged)
 
 
 def split_row_actions(df: DataFrame, rules: list[Rule]) -> tuple[DataFrame, DataFrame | None]:
-    """Apply drop/quarantine row rules: (rows to keep, rows to quarantine with the failed rule names)."""
-    from pyspark.sql import functions as F
+    """(rows to keep, rows to quarantine with `_failed_rules`); kept for existing callers."""
+    s = split_rows(df, rules)
+    return s.keep, s.quarantine
 
-    acting = [r for r in rules if r.enabled and r.is_row_rule and r.action in ("drop", "quarantine")]
-    if not acting:
-        return df, None
-    flags = [F.when(~F.expr(_passes(r)), F.lit(r.name)) for r in acting]
-    tagged = df.withColumn("_failed_rules", F.filter(F.array(*flags), lambda x: x.isNotNull()))
-    keep = tagged.where(F.size("_failed_rules") == 0).drop("_failed_rules")
-    quarantine_names = [r.name for r in acting if r.action == "quarantine"]
-    bad = tagged.where(F.arrays_overlap(F.col("_failed_rules"), F.array(*[F.lit(n) for n in quarantine_names]))) if quarantine_names else None
-    return keep, bad
+
+@dataclass
+class ActionCounts:
+    """Per-rule failure counts of drop/quarantine rules, accumulated over a run's batches."""
+
+    total: int = 0
+    failed: dict[str, int] = field(default_factory=dict)
+    samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # rules that could not be evaluated
+
+    def add(self, tagged: DataFrame, rules: list[Rule]) -> None:
+        from pyspark.sql import functions as F
+
+        acting = [r for r in acting_rules(rules) if r.name not in self.errors]
+        failed = F.col(FAILED_RULES_COLUMN)
+        aggs = [F.count(F.lit(1)).alias("__total")] + [
+            F.sum(F.when(F.array_contains(failed, r.name), 1).otherwise(0)).alias(f"__a{i}")
+            for i, r in enumerate(acting)]
+        row = tagged.agg(*aggs).collect()[0]
+        self.total += int(row["__total"])
+        for i, r in enumerate(acting):
+            n = int(row[f"__a{i}"] or 0)
+            self.failed[r.name] = self.failed.get(r.name, 0) + n
+            if n and len(self.samples.get(r.name, [])) < SAMPLE_ROWS:
+                self.samples.setdefault(r.name, []).extend(
+                    _sample(tagged.where(F.array_contains(failed, r.name)).drop(FAILED_RULES_COLUMN)))
+
+
+# --------------------------------------------------------------------------- schema contract
+@dataclass
+class SchemaDrift:
+    missing: list[str] = field(default_factory=list)
+    retyped: list[dict[str, str]] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)  # evolve: added to the table
+    ignored: list[str] = field(default_factory=list)  # freeze/fail: not written
+
+    def merge(self, other: SchemaDrift) -> None:
+        for f in ("missing", "retyped", "extra", "added", "ignored"):
+            cur = getattr(self, f)
+            cur.extend(x for x in getattr(other, f) if x not in cur)
+
+
+def _user_columns(df: DataFrame) -> list[str]:
+    """Columns the platform adds (`_source_file`, `_ingested_at`, ...) are outside every contract."""
+    return [c for c in df.columns if not c.startswith("_")]
+
+
+def schema_drift(df: DataFrame, rule: Rule) -> SchemaDrift:
+    """Compare the input's schema with the contract using pandera (schema-only: no Spark job)."""
+    import pandera.pyspark as pa
+    from pandera.config import ValidationDepth, config_context
+    from pyspark.sql.types import _parse_datatype_string
+
+    cols = {}
+    for c in rule.expected_columns:
+        try:
+            dtype = _parse_datatype_string(c.type)
+        except Exception as exc:  # noqa: BLE001
+            raise RuleError(f"rule {rule.name!r}: column {c.name!r} has an unknown Spark type {c.type!r}") from exc
+        # nullable is counted in the data pass, not by pandera (its null check is one Spark job per column)
+        cols[c.name] = pa.Column(dtype, nullable=True, name=c.name)
+    user = _user_columns(df)
+    schema = pa.DataFrameSchema(cols, strict=False, name=rule.name)
+    with config_context(validation_depth=ValidationDepth.SCHEMA_ONLY):
+        checked = schema.validate(df.select(*[_col(c) for c in user]), lazy=True)
+    errors = dict(checked.pandera.errors or {}).get("SCHEMA", {})
+    drift = SchemaDrift()
+    for e in errors.get("COLUMN_NOT_IN_DATAFRAME", []):
+        drift.missing.append(e["column"])
+    actual = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    expected = {c.name: c.type for c in rule.expected_columns}
+    for e in errors.get("WRONG_DATATYPE", []):
+        drift.retyped.append({"column": e["column"], "expected": expected.get(e["column"], "?"),
+                              "actual": actual.get(e["column"], "?")})
+    names = {c.name.lower() for c in rule.expected_columns}
+    drift.extra = [c for c in user if c.lower() not in names]
+    return drift
+
+
+def contract_outcome(rule: Rule, drift: SchemaDrift, total: int, null_counts: dict[str, int] | None = None
+                     ) -> CheckOutcome:
+    problems = [f"missing column {c}" for c in drift.missing]
+    problems += [f"column {r['column']} is {r['actual']}, expected {r['expected']}" for r in drift.retyped]
+    if rule.schema_policy == "fail" and drift.extra:
+        problems.append(f"unexpected new column(s) {drift.extra}")
+    nulls = {c: n for c, n in (null_counts or {}).items() if n}
+    problems += [f"{n} NULL(s) in non-nullable column {c}" for c, n in nulls.items()]
+    notes = []
+    if drift.added:
+        notes.append(f"added column(s) {drift.added} to the table (policy evolve)")
+    if drift.ignored and rule.schema_policy == "freeze":
+        notes.append(f"ignored new column(s) {drift.ignored} (policy freeze)")
+    msg = "; ".join(problems + notes) or "schema matches the contract"
+    return CheckOutcome(rule, not problems, sum(nulls.values()), total, describe(rule), message=msg,
+                        details={"policy": rule.schema_policy, "missing": drift.missing, "retyped": drift.retyped,
+                                 "new_columns": drift.extra, "added": drift.added, "ignored": drift.ignored,
+                                 "null_counts": nulls})
+
+
+# --------------------------------------------------------------------------- evaluation
+@dataclass
+class RowPass:
+    """All row-level counting of a rule set as ONE list of aggregates: failing rows per row rule,
+    NULLs in non-nullable contract columns, newest value per freshness column. Evaluated either
+    with `df.agg` on the branch, or observed on the rows while they are written to the branch
+    (`DataFrame.observe`), which saves reading them back."""
+
+    conds: dict[str, Column]
+    errors: dict[str, str]
+    not_nullable: list[str]
+    fresh_cols: list[str]
+
+    @classmethod
+    def plan(cls, df: DataFrame, rules: list[Rule], exclude: set[str] = frozenset()) -> RowPass:
+        conds, errors = {}, {}
+        for r in rules:
+            if r.enabled and r.is_row_rule and r.name not in exclude:
+                try:
+                    conds[r.name] = row_condition(r, df)
+                except RuleError as exc:
+                    errors[r.name] = str(exc)
+        have = {c.lower() for c in df.columns}
+        not_nullable = sorted({c.name for r in rules if r.enabled and r.type == "schema_contract"
+                               for c in r.expected_columns if not c.nullable and c.name.lower() in have})
+        fresh = sorted({r.column for r in rules if r.enabled and r.type == "freshness" and r.column
+                        and r.column.lower() in have})
+        return cls(conds, errors, not_nullable, fresh)
+
+    def aggregates(self) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        aggs = [F.count(F.lit(1)).alias("total")]
+        aggs += [F.sum(F.when(c, 0).otherwise(1)).alias(f"f:{n}") for n, c in self.conds.items()]
+        aggs += [F.sum(F.when(_col(c).isNull(), 1).otherwise(0)).alias(f"n:{c}") for c in self.not_nullable]
+        # epoch seconds, not a timestamp: observed metrics come back through py4j, plain numbers only
+        aggs += [F.max(_col(c).cast("timestamp").cast("double")).alias(f"m:{c}") for c in self.fresh_cols]
+        return aggs
+
+    @staticmethod
+    def merge(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
+        """Combine the metrics of two batches (counts add up, maxima take the max)."""
+        if a is None:
+            return dict(b)
+        out = dict(a)
+        for k, v in b.items():
+            cur = out.get(k)
+            if k.startswith("m:"):
+                out[k] = v if cur is None else (cur if v is None else max(cur, v))
+            else:
+                out[k] = (cur or 0) + (v or 0)
+        return out
+
+    def covered_by(self, metrics: dict[str, Any] | None) -> bool:
+        if not metrics or "total" not in metrics:
+            return False
+        keys = {"total", *(f"f:{n}" for n in self.conds), *(f"n:{c}" for c in self.not_nullable),
+                *(f"m:{c}" for c in self.fresh_cols)}
+        return keys <= set(metrics)
+
+
+def _from_epoch(seconds: float | None) -> dt.datetime | None:
+    """Epoch seconds -> naive UTC datetime (what Spark returns for timestamps in a UTC session)."""
+    return None if seconds is None else dt.datetime.fromtimestamp(float(seconds), dt.UTC).replace(tzinfo=None)
 
 
 def evaluate_rules(df: DataFrame, rules: list[Rule], *, context: dict[str, Any] | None = None) -> list[CheckOutcome]:
-    """Evaluate every enabled rule on `df` (the audit branch). Row rules share one aggregation pass."""
-    from pyspark.sql import functions as F
+    """Evaluate every enabled rule. `df` holds the rows this run adds (on the audit branch).
 
+    context (all optional): `table` (the whole branch: unique), `previous_row_count` and
+    `row_count_after` (main before, branch after: row_count_change), `ref_frames`
+    (ref_dataset -> frame), `row_actions` (ActionCounts of the drop/quarantine split),
+    `schema_drift` (rule name -> SchemaDrift seen on the input), `observed` (RowPass metrics
+    observed while the rows were written), `now` (naive UTC).
+    A rule that cannot be evaluated (unknown column, bad expression) fails with the reason.
+    """
     context = context or {}
     enabled = [r for r in rules if r.enabled]
-    row_rules = [r for r in enabled if r.is_row_rule]
-    outcomes: list[CheckOutcome] = []
-    aggs = [F.count(F.lit(1)).alias("__total")]
-    for i, r in enumerate(row_rules):
-        aggs.append(F.sum(F.when(F.expr(_passes(r)), 0).otherwise(1)).alias(f"__f{i}"))
-    agg = df.agg(*aggs).collect()[0]
-    total = int(agg["__total"])
-    for i, r in enumerate(row_rules):
-        failed = int(agg[f"__f{i}"] or 0)
-        sample = []
-        if failed:
-            sample = [row.asDict() for row in df.where(~F.expr(_passes(r))).limit(SAMPLE_ROWS).collect()]
-        # drop/quarantine rules already removed their rows before the write: they pass on the branch
-        outcomes.append(CheckOutcome(r, failed == 0, failed, total, row_predicate(r), sample,
-                                     f"{failed} of {total} rows fail {r.name}" if failed else "all rows pass"))
+    actions: ActionCounts | None = context.get("row_actions")
+    handled = {r.name for r in acting_rules(enabled)} if actions is not None else set()
+    rp = RowPass.plan(df, enabled, handled)
+    outcomes: dict[str, CheckOutcome] = {}
+    for name, err in rp.errors.items():
+        r = next(x for x in enabled if x.name == name)
+        outcomes[name] = CheckOutcome(r, False, 0, 0, describe(r), message=err, details={"error": err})
+    observed = context.get("observed")
+    agg = observed if rp.covered_by(observed) else df.agg(*rp.aggregates()).collect()[0].asDict()
+    total = int(agg["total"] or 0)
+    nulls = {c: int(agg[f"n:{c}"] or 0) for c in rp.not_nullable}
+    context = {**context, "_newest": {c: _from_epoch(agg[f"m:{c}"]) for c in rp.fresh_cols}}
+    for name, cond in rp.conds.items():
+        r = next(x for x in enabled if x.name == name)
+        failed = int(agg[f"f:{name}"] or 0)
+        sample = _sample(df.where(~cond)) if failed else []
+        outcomes[name] = CheckOutcome(r, failed == 0, failed, total, describe(r), sample,
+                                      f"{failed} of {total} rows fail {r.name}" if failed else f"all {total} rows pass")
     for r in enabled:
-        if r.is_row_rule:
-            continue
-        outcomes.append(_dataset_rule(df, r, total, context))
-    return outcomes
+        if r.name in handled and r.name in actions.errors:
+            outcomes[r.name] = CheckOutcome(r, False, 0, actions.total, describe(r), message=actions.errors[r.name],
+                                            details={"error": actions.errors[r.name]})
+        elif r.name in handled:
+            failed = actions.failed.get(r.name, 0)
+            verb = "quarantined" if r.action == "quarantine" else "dropped"
+            outcomes[r.name] = CheckOutcome(
+                r, failed == 0, failed, actions.total, describe(r), actions.samples.get(r.name, [])[:SAMPLE_ROWS],
+                f"{failed} of {actions.total} input rows fail {r.name} and were {verb}" if failed
+                else f"all {actions.total} input rows pass", details={"action": r.action, verb: failed})
+        elif not r.is_row_rule:
+            try:
+                outcomes[r.name] = _dataset_rule(df, r, total, context, nulls)
+            except RuleError as exc:
+                outcomes[r.name] = CheckOutcome(r, False, 0, total, describe(r), message=str(exc),
+                                                details={"error": str(exc)})
+    return [outcomes[r.name] for r in enabled]
 
 
-def _dataset_rule(df: DataFrame, r: Rule, total: int, context: dict[str, Any]) -> CheckOutcome:
+def _dataset_rule(df: DataFrame, r: Rule, total: int, context: dict[str, Any], nulls: dict[str, int]) -> CheckOutcome:
     from pyspark.sql import functions as F
 
+    expr = describe(r)
     if r.type == "row_count":
-        lo = float(r.min) if r.min is not None else None
-        hi = float(r.max) if r.max is not None else None
-        ok = (lo is None or total >= lo) and (hi is None or total <= hi)
-        return CheckOutcome(r, ok, 0 if ok else total, total, f"row_count between {lo} and {hi}",
-                            message=f"{total} rows")
-    if r.type == "unique":
-        cols = [quote(c) for c in r.columns]
-        dup = df.groupBy(*[F.col(c) for c in r.columns]).count().where("count > 1")
-        dups = dup.agg(F.coalesce(F.sum("count"), F.lit(0))).collect()[0][0] or 0
-        sample = [row.asDict() for row in dup.limit(SAMPLE_ROWS).collect()] if dups else []
-        return CheckOutcome(r, dups == 0, int(dups), total, f"unique({', '.join(cols)})", sample,
-                            f"{dups} rows share a key" if dups else "keys unique")
+        ok = (r.min is None or total >= float(r.min)) and (r.max is None or total <= float(r.max))
+        return CheckOutcome(r, ok, 0, total, expr, message=f"{total} rows loaded" + ("" if ok else
+                            f", outside [{r.min if r.min is not None else '-inf'}, {r.max if r.max is not None else 'inf'}]"),
+                            details={"row_count": total, "min": r.min, "max": r.max})
     if r.type == "row_count_change":
         prev = context.get("previous_row_count")
+        after = context.get("row_count_after", total)
         if not prev:
-            return CheckOutcome(r, True, 0, total, "row count change", message="no previous snapshot")
-        change = abs(total - prev) * 100.0 / prev
+            return CheckOutcome(r, True, 0, total, expr, message="no previous snapshot on main to compare with",
+                                details={"previous_rows": prev, "rows": after})
+        change = abs(after - prev) * 100.0 / prev
         ok = change <= float(r.max_change_pct or 0)
-        return CheckOutcome(r, ok, 0, total, f"|rows - {prev}| / {prev} <= {r.max_change_pct}%",
-                            message=f"changed {change:.1f}% ({prev} -> {total})", details={"change_pct": change})
+        return CheckOutcome(r, ok, 0, total, expr,
+                            message=f"row count changed {change:.1f}% ({prev} -> {after}), limit {r.max_change_pct}%",
+                            details={"change_pct": round(change, 3), "previous_rows": prev, "rows": after})
     if r.type == "freshness":
-        newest = df.agg(F.max(F.col(r.column)).cast("timestamp")).collect()[0][0]
-        now = context.get("now")
-        import datetime as dt
-
-        now = now or dt.datetime.now(dt.UTC).replace(tzinfo=None)
+        _require_columns(df.columns, r, [r.column])
+        known = context.get("_newest", {})
+        newest = known[r.column] if r.column in known else \
+            _from_epoch(df.agg(F.max(_col(r.column).cast("timestamp").cast("double"))).collect()[0][0])
+        now = context.get("now") or dt.datetime.now(dt.UTC).replace(tzinfo=None)
         age = (now - newest).total_seconds() if newest is not None else None
         ok = age is not None and age <= (r.max_age_seconds or 0)
-        return CheckOutcome(r, ok, 0, total, f"max({r.column}) within {r.max_age_seconds}s",
-                            message=f"newest {newest}, age {age}s", details={"age_seconds": age})
+        stale = 0
+        sample: list[dict[str, Any]] = []
+        if not ok and total:
+            cutoff = now - dt.timedelta(seconds=r.max_age_seconds or 0)
+            cutoff_epoch = cutoff.replace(tzinfo=dt.UTC).timestamp()
+            late = df.where(F.coalesce(_col(r.column).cast("timestamp").cast("double") < F.lit(cutoff_epoch),
+                                       F.lit(True)))
+            stale = late.count()
+            sample = _sample(late)
+        return CheckOutcome(r, ok, stale, total, expr, sample,
+                            message=(f"newest {r.column} is {newest} ({age:.0f}s old, limit {r.max_age_seconds}s)"
+                                     if age is not None else f"no {r.column} values"),
+                            details={"newest": str(newest), "age_seconds": age})
     if r.type == "schema_contract":
-        actual = {f.name.lower(): f.dataType.simpleString() for f in df.schema.fields}
-        problems = []
-        for c in r.expected_columns:
-            got = actual.get(c.name.lower())
-            if got is None:
-                problems.append(f"missing column {c.name}")
-            elif got != c.type.lower().replace(" ", ""):
-                problems.append(f"column {c.name} is {got}, expected {c.type}")
-        expected = {c.name.lower() for c in r.expected_columns}
-        extra = [n for n in actual if n not in expected and not n.startswith("_")]
-        if extra and r.schema_policy in ("freeze", "fail"):
-            problems.append(f"unexpected columns {extra}")
-        return CheckOutcome(r, not problems, 0, total, "schema contract", message="; ".join(problems) or "schema matches",
-                            details={"problems": problems, "policy": r.schema_policy})
+        drift = context.get("schema_drift", {}).get(r.name) or schema_drift(df, r)
+        return contract_outcome(r, drift, total, {c.name: nulls.get(c.name, 0) for c in r.expected_columns
+                                                  if not c.nullable})
+    if r.type == "unique":
+        table = context.get("table", df)
+        _require_columns(table.columns, r, r.columns)
+        present = None
+        for c in r.columns:  # SQL UNIQUE semantics: NULL keys are not duplicates (not_null covers them)
+            p = _col(c).isNotNull()
+            present = p if present is None else present & p
+        dup = (table.where(present).groupBy(*[_col(c) for c in r.columns]).agg(F.count(F.lit(1)).alias("__rows"))
+               .where("__rows > 1"))
+        stats = dup.agg(F.coalesce(F.sum("__rows"), F.lit(0)), F.count(F.lit(1))).collect()[0]
+        dups, keys = int(stats[0]), int(stats[1])
+        sample = _sample(dup.withColumnRenamed("__rows", "rows")) if dups else []
+        return CheckOutcome(r, dups == 0, dups, int(context.get("row_count_after", total)), expr, sample,
+                            f"{dups} rows share {keys} duplicated key(s)" if dups else "all keys unique",
+                            details={"duplicate_keys": keys})
     if r.type == "referential_integrity":
         ref_df = context.get("ref_frames", {}).get(r.ref_dataset)
         if ref_df is None:
-            return CheckOutcome(r, False, 0, total, "referential integrity",
-                                message=f"reference dataset {r.ref_dataset} not readable")
-        cond = [df[c] == ref_df[rc] for c, rc in zip(r.columns, r.ref_columns, strict=True)]
-        orphans = df.join(ref_df, cond, "left_anti")
+            return CheckOutcome(r, False, 0, total, expr,
+                                message=f"reference dataset {r.ref_dataset!r} is not a readable table")
+        _require_columns(df.columns, r, r.columns)
+        _require_columns(ref_df.columns, r, r.ref_columns)
+        keys = ref_df.select(*[_col(rc).alias(f"__k{i}") for i, rc in enumerate(r.ref_columns)]).distinct()
+        cond = None
+        for i, c in enumerate(r.columns):
+            part = _col(c) == F.col(f"__k{i}")
+            cond = part if cond is None else cond & part
+        present = None
+        for c in r.columns:  # a NULL key is not an orphan (not_null says whether NULLs are allowed)
+            p = _col(c).isNotNull()
+            present = p if present is None else present & p
+        orphans = df.where(present).join(keys, cond, "left_anti")
         n = orphans.count()
-        return CheckOutcome(r, n == 0, n, total, f"({', '.join(r.columns)}) in {r.ref_dataset}({', '.join(r.ref_columns)})",
-                            [row.asDict() for row in orphans.limit(SAMPLE_ROWS).collect()] if n else [],
-                            f"{n} orphan rows" if n else "all keys found")
-    raise ValueError(f"unknown dataset rule type {r.type}")
+        return CheckOutcome(r, n == 0, n, total, expr, _sample(orphans) if n else [],
+                            f"{n} row(s) reference keys missing from {r.ref_dataset}" if n else "all keys found")
+    raise RuleError(f"rule {r.name!r}: unknown dataset rule type {r.type}")

@@ -1,0 +1,432 @@
+"""Self-healing inside a step: classify the error, run the matching resolution actions, retry.
+
+`healing_actions` rows pair a matcher (error code, exception class name, message regex) with an
+ordered list of built-in actions. On a failure the step's work is retried in the same run after
+the first matching rule's actions ran, so a healed step simply succeeds. Two bounds make sure
+nothing loops: a rule heals at most `max_attempts` times per step, and a step heals at most
+`global_cap()` times in all (platform setting `healing.max_attempts`, env
+LAKEHOUSE_HEALING_MAX_ATTEMPTS, default 10). Every failure, action and outcome goes to audit_log.
+
+Each action is a plain function `(ActionContext) -> ActionResult`; the ones that change how the
+step runs (smaller batches, skipped files, another source) record it on `HealingState`, which the
+runner reads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from lakehouse.errors import ErrorInfo, classify
+from lakehouse.metadata.model import HealingAction
+
+if TYPE_CHECKING:
+    from lakehouse.runner import StageRunner
+
+T = TypeVar("T")
+
+DEFAULT_GLOBAL_CAP = 10
+MAX_BACKOFF_SECONDS = 300.0
+
+
+@dataclass
+class HealingState:
+    """What healing changed for the rest of this step (read by the runner)."""
+
+    batch_scale: float = 1.0
+    quarantined_files: dict[str, str] = field(default_factory=dict)  # file key -> reason
+    current_batch: Any = None  # the batch being written when the error happened (a runner.Batch)
+    attempts: Counter = field(default_factory=Counter)  # healing_id -> attempts
+    total_attempts: int = 0
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def effective_batch(self, configured: int) -> int:
+        return max(1, int(configured * self.batch_scale))
+
+    def summary(self) -> dict[str, Any]:
+        """For materialization metadata: short, no secrets (messages are truncated)."""
+        out: dict[str, Any] = {"healing_attempts": self.total_attempts}
+        if self.events:
+            out["healing"] = self.events
+        if self.quarantined_files:
+            out["quarantined_files"] = sorted(self.quarantined_files)
+        if self.batch_scale != 1.0:
+            out["batch_scale"] = self.batch_scale
+        return out
+
+
+@dataclass
+class ActionContext:
+    runner: StageRunner
+    error: ErrorInfo
+    exc: BaseException
+    rule: HealingAction
+    attempt: int  # 1-based attempt of this rule in this step
+    step: str
+
+    @property
+    def state(self) -> HealingState:
+        return self.runner.healing
+
+
+@dataclass
+class ActionResult:
+    outcome: str  # applied | not_applicable | failed
+    detail: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def applied(self) -> bool:
+        return self.outcome == "applied"
+
+
+# --------------------------------------------------------------------------- matching
+
+
+def matches(rule: HealingAction, error: ErrorInfo) -> bool:
+    """Every matcher the rule sets must match (code, class name in the chain, message regex)."""
+    if rule.error_code and rule.error_code != error.code:
+        return False
+    if rule.error_class and not any(
+        n == rule.error_class or n.rsplit(".", 1)[-1] == rule.error_class for n in error.class_names
+    ):
+        return False
+    if rule.message_regex and not re.search(rule.message_regex, error.message, re.S):
+        return False
+    return True
+
+
+def matching_rules(rules: list[HealingAction], error: ErrorInfo) -> list[HealingAction]:
+    """Matching rules, lowest `priority` value first (then by id, so the order is stable)."""
+    return sorted((r for r in rules if matches(r, error)), key=lambda r: (r.priority, r.healing_id))
+
+
+def global_cap(runner: StageRunner | None = None) -> int:
+    env = os.environ.get("LAKEHOUSE_HEALING_MAX_ATTEMPTS")
+    if env:
+        return max(0, int(env))
+    if runner is not None:
+        v = runner.catalog.setting("healing.max_attempts")
+        if v is not None:
+            return max(0, int(v))
+    return DEFAULT_GLOBAL_CAP
+
+
+# --------------------------------------------------------------------------- built-in actions
+
+
+def retry_after_backoff(ctx: ActionContext, sleep: Callable[[float], None] = time.sleep) -> ActionResult:
+    """Wait backoff_seconds × 2^(attempt-1) (capped), then let the step retry."""
+    wait = min(ctx.rule.backoff_seconds * (2 ** (ctx.attempt - 1)), MAX_BACKOFF_SECONDS)
+    sleep(wait)
+    return ActionResult("applied", f"waited {wait:.2f}s", {"waited_s": wait})
+
+
+def refresh_and_recommit(ctx: ActionContext) -> ActionResult:
+    """A commit conflict: drop Spark's cached table state so the retried commit sees main as it is now.
+
+    The retried publish re-reads main's ref and cherry-picks onto it when main moved, which is
+    Iceberg's own re-validation of our snapshots against the concurrent ones.
+    """
+    tables = ctx.runner.platform.tables()
+    ident = ctx.runner.target.identifier
+    if not tables.exists(ident):
+        return ActionResult("not_applicable", f"{ident} does not exist yet")
+    tables.spark.catalog.refreshTable(tables.qualified(ident))
+    return ActionResult("applied", f"refreshed {ident} (main at {tables.snapshot_id(ident)})",
+                        {"main_snapshot": tables.snapshot_id(ident)})
+
+
+def schema_policy(runner: StageRunner) -> str:
+    """The stage's schema policy: its schema_contract rule's `schema_policy`, else the target's
+    table property `lakehouse.schema_policy`, else `evolve`."""
+    for r in runner.rules:
+        if r.type == "schema_contract" and r.enabled:
+            return r.schema_policy
+    return runner.target.table_properties.get("lakehouse.schema_policy", "evolve")
+
+
+def evolve_schema(ctx: ActionContext) -> ActionResult:
+    """New input columns: add them to the table (never drop or retype), when the policy allows."""
+    runner = ctx.runner
+    policy = schema_policy(runner)
+    if policy != "evolve":
+        return ActionResult("not_applicable", f"schema policy of stage {runner.stage.stage_name!r} is {policy!r}")
+    batch = ctx.state.current_batch
+    if batch is None:
+        return ActionResult("not_applicable", "no input batch to take the new columns from")
+    tables = runner.platform.tables()
+    ident = runner.target.identifier
+    if not tables.exists(ident):
+        return ActionResult("not_applicable", f"{ident} does not exist yet")
+    added = tables.add_missing_columns(ident, batch.df.schema)
+    if not added:
+        return ActionResult("not_applicable", "the input has no columns the table lacks")
+    return ActionResult("applied", f"added column(s) {', '.join(added)} to {ident}", {"added_columns": added})
+
+
+def _corrupt_files(ctx: ActionContext, candidates: list) -> list:
+    """Files of the failed batch that the error names, else those that fail to read on their own."""
+    text = ctx.error.message
+    named = [f for f in candidates if f.local_path and f.local_path in text]
+    named = named or [f for f in candidates if re.search(r"(?<![\w.-])" + re.escape(f.key) + r"(?![\w.-])", text)]
+    if named:
+        return named
+    src = ctx.runner.source
+    bad = []
+    for f in candidates:
+        if not probe_file_readable(ctx.runner, src, f):
+            bad.append(f)
+    return bad
+
+
+def probe_file_readable(runner: StageRunner, source: Any, f: Any) -> bool:
+    """Read one file fully with the source's reader; False if it cannot be read."""
+    from lakehouse.ingest.files import read_files
+
+    path = Path(f.local_path or f.key)
+    if not path.exists():
+        return False
+    if source is not None and source.format == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            pq.read_table(path)
+            return True
+        except Exception:  # noqa: BLE001 - any failure to read means unreadable
+            return False
+    try:
+        read_files(runner.platform.spark(), source, [f]).count()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def quarantine_input(ctx: ActionContext) -> ActionResult:
+    """A corrupt file: copy it to <home>/quarantine/files/…, skip it, and continue with the rest.
+
+    The file is recorded in the batch's checkpoint as quarantined (so the next run does not pick it
+    up again) and in audit_log; the landing zone itself is left untouched.
+    """
+    batch = ctx.state.current_batch
+    files = list(getattr(batch, "files", None) or [])
+    if not files:
+        return ActionResult("not_applicable", "no input files in the failed batch")
+    bad = [f for f in _corrupt_files(ctx, files) if f.key not in ctx.state.quarantined_files]
+    if not bad:
+        return ActionResult("not_applicable", "no unreadable file found in the failed batch")
+    runner = ctx.runner
+    dest_root = runner.platform.settings.home / "quarantine" / "files" / runner.stage.pipeline_id / runner.stage.stage_name
+    moved = []
+    try:  # the ingestion checkpoints record it, so the next run does not plan it again
+        from lakehouse.ingest.checkpoints import note_unread_files
+        from lakehouse.ingest.files import QUARANTINED
+
+        note_unread_files(runner, [f.with_status(QUARANTINED, f"{ctx.error.code}: {ctx.error.message[:500]}")
+                                   for f in bad])
+    except ImportError:
+        pass
+    for f in bad:
+        ctx.state.quarantined_files[f.key] = ctx.error.code
+        if f.local_path and Path(f.local_path).exists():
+            dest = dest_root / f.key
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f.local_path, dest)
+            moved.append(str(dest))
+    return ActionResult("applied", f"quarantined {', '.join(f.key for f in bad)}",
+                        {"files": [f.key for f in bad], "copied_to": moved})
+
+
+def shrink_batch(ctx: ActionContext) -> ActionResult:
+    """Memory pressure: halve the number of files per commit (not below one)."""
+    src = ctx.runner.source
+    configured = getattr(src, "batch_files", None)
+    batch = ctx.state.current_batch
+    current = len(getattr(batch, "files", None) or []) or (
+        ctx.state.effective_batch(configured) if configured else 0)
+    if current <= 1:
+        return ActionResult("not_applicable", "the batch is already a single file/unit")
+    ctx.state.batch_scale /= 2
+    new = ctx.state.effective_batch(configured) if configured else None
+    return ActionResult("applied", f"batch halved to {new or 'half'} file(s)", {"batch_scale": ctx.state.batch_scale,
+                                                                                "batch_files": new})
+
+
+def restart_spark_session(ctx: ActionContext, stop: Callable[[], None] | None = None,
+                          start: Callable[[], Any] | None = None) -> ActionResult:
+    """Stop the process's SparkSession and build a fresh one (same settings, same catalog)."""
+    from lakehouse import spark as spark_mod
+
+    (stop or spark_mod.stop_spark)()
+    session = (start or ctx.runner.platform.spark)()
+    return ActionResult("applied", "restarted the Spark session",
+                        {"app_id": getattr(getattr(session, "sparkContext", None), "applicationId", None)})
+
+
+def switch_to_recovery_path(ctx: ActionContext) -> ActionResult:
+    """Source unavailable: follow the lineage reroute when available, else the source's alternative."""
+    runner = ctx.runner
+    try:
+        from lakehouse.lineage import recovery  # built by the lineage work; see docs/lineage.md
+    except ImportError:
+        recovery = None
+    if recovery is not None and hasattr(recovery, "reroute"):
+        try:
+            decision = recovery.reroute(runner, runner.stage.target_id, error=ctx.exc)
+        except getattr(recovery, "NoRecoveryPath", LookupError) as exc:
+            return ActionResult("not_applicable", str(exc))
+        runner.source_override = decision.to_dataset_id
+        return ActionResult("applied", f"rerouted to {decision.to_dataset_id} via lineage",
+                            {"to": decision.to_dataset_id, "path": list(decision.path)})
+    src = runner.source
+    alt = getattr(src, "alternative_source_id", None)
+    if not alt:
+        return ActionResult("not_applicable", f"source {getattr(src, 'source_id', None)!r} has no alternative_source_id")
+    if alt == runner.source_override:
+        return ActionResult("not_applicable", f"already reading the alternative source {alt!r}")
+    runner.catalog.source(alt)  # unknown id -> KeyError naming the known ones
+    runner.source_override = alt
+    return ActionResult("applied", f"failed over from {src.source_id!r} to alternative source {alt!r}",
+                        {"from": src.source_id, "to": alt})
+
+
+def command_argv(command: str) -> list[str]:
+    """`py:package.module:function` runs a Python entry point; anything else is a shell-free argv."""
+    if command.startswith("py:"):
+        target = command[3:]
+        mod, _, fn = target.partition(":")
+        if not mod or not fn or not all(p.isidentifier() for p in [*mod.split("."), fn]):
+            raise ValueError(f"run_command: {command!r} is not py:<module>:<function>")
+        return [sys.executable, "-c", f"import {mod} as m, sys; r = m.{fn}(); sys.exit(0 if r in (None, True, 0) else 1)"]
+    return shlex.split(command)
+
+
+def run_command(ctx: ActionContext) -> ActionResult:
+    """A user's command or Python entry point, with a timeout; the error comes in LAKEHOUSE_HEAL_* env."""
+    rule, runner = ctx.rule, ctx.runner
+    argv = command_argv(rule.command or "")
+    env = {**os.environ,
+           "LAKEHOUSE_HEAL_RUN_ID": runner.run_id,
+           "LAKEHOUSE_HEAL_PIPELINE": runner.stage.pipeline_id,
+           "LAKEHOUSE_HEAL_STAGE": runner.stage.stage_name,
+           "LAKEHOUSE_HEAL_ERROR_CODE": ctx.error.code,
+           "LAKEHOUSE_HEAL_ERROR_CLASS": ctx.error.error_class,
+           "LAKEHOUSE_HEAL_MESSAGE": ctx.error.message[:2000],
+           "LAKEHOUSE_HEAL_ATTEMPT": str(ctx.attempt)}
+    try:
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=rule.command_timeout_seconds)
+    except subprocess.TimeoutExpired:
+        return ActionResult("failed", f"command timed out after {rule.command_timeout_seconds}s")
+    except OSError as exc:
+        return ActionResult("failed", f"command could not start: {exc}")
+    tail = (proc.stdout + proc.stderr).strip()[-500:]
+    if proc.returncode != 0:
+        return ActionResult("failed", f"command exited {proc.returncode}: {tail}")
+    return ActionResult("applied", f"command succeeded: {tail}" if tail else "command succeeded")
+
+
+ACTIONS: dict[str, Callable[[ActionContext], ActionResult]] = {
+    "retry_after_backoff": retry_after_backoff,
+    "refresh_and_recommit": refresh_and_recommit,
+    "evolve_schema": evolve_schema,
+    "quarantine_input": quarantine_input,
+    "shrink_batch": shrink_batch,
+    "restart_spark_session": restart_spark_session,
+    "switch_to_recovery_path": switch_to_recovery_path,
+    "run_command": run_command,
+}
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def _event(runner: StageRunner, record: dict[str, Any], **audit: Any) -> None:
+    runner.healing.events.append(record)
+    runner.audit(**audit)
+
+
+def run_with_healing(runner: StageRunner, step: str, work: Callable[[], T],
+                     rules: Callable[[], list[HealingAction]] | None = None) -> T:
+    """Run `work`; on a matched error run the rule's actions and run `work` again (bounded)."""
+    state = runner.healing
+    load_rules = rules or (lambda: runner.platform.store.load().healing_actions)
+    used: list[str] = []  # actions applied in this scope, for the final "healed" record
+    while True:
+        t0 = time.monotonic()
+        try:
+            result = work()
+        except Exception as exc:
+            info = classify(exc)
+            if not info.retryable:
+                raise
+            elapsed = int((time.monotonic() - t0) * 1000)
+            candidates = matching_rules(load_rules(), info)
+            rule = next((r for r in candidates if state.attempts[r.healing_id] < r.max_attempts), None)
+            base = {"step": step, "code": info.code, "error_class": info.error_class,
+                    "message": info.message[:300]}
+            if rule is None:
+                why = ("no healing action matches" if not candidates else
+                       f"healing action(s) {', '.join(r.healing_id for r in candidates)} used all their attempts")
+                _event(runner, {**base, "outcome": "unhealed", "reason": why}, event="healing",
+                       error_class=info.error_class, message=info.message, outcome="unhealed",
+                       duration_ms=elapsed, details={"step": step, "code": info.code, "reason": why})
+                raise
+            cap = global_cap(runner)
+            if state.total_attempts >= cap:
+                why = f"global healing cap of {cap} attempts per step reached"
+                _event(runner, {**base, "outcome": "exhausted", "reason": why}, event="healing",
+                       error_class=info.error_class, message=info.message, outcome="exhausted",
+                       duration_ms=elapsed, details={"step": step, "code": info.code, "reason": why})
+                raise
+            state.attempts[rule.healing_id] += 1
+            state.total_attempts += 1
+            attempt = state.attempts[rule.healing_id]
+            runner.audit("step_failed", error_class=info.error_class, message=info.message, outcome="healing",
+                         action=rule.healing_id, duration_ms=elapsed,
+                         details={"step": step, "code": info.code, "attempt": attempt,
+                                  "max_attempts": rule.max_attempts})
+            ctx = ActionContext(runner, info, exc, rule, attempt, step)
+            applied = False
+            for name in rule.actions:
+                a0 = time.monotonic()
+                try:
+                    res = ACTIONS[name](ctx)
+                except Exception as action_exc:  # noqa: BLE001 - an action failing must not hide the error
+                    res = ActionResult("failed", f"{type(action_exc).__name__}: {action_exc}")
+                dur = int((time.monotonic() - a0) * 1000)
+                applied = applied or res.applied
+                if res.applied:
+                    used.append(name)
+                _event(runner, {**base, "healing_id": rule.healing_id, "attempt": attempt, "action": name,
+                                "outcome": res.outcome, "detail": res.detail[:300]},
+                       event="healing_action", error_class=info.error_class, message=info.message,
+                       action=name, outcome=res.outcome, duration_ms=dur,
+                       details={"step": step, "code": info.code, "healing_id": rule.healing_id,
+                                "attempt": attempt, "detail": res.detail, **res.data})
+                if res.outcome == "failed":
+                    break
+            if not applied:
+                runner.audit("healing", error_class=info.error_class, message=info.message, outcome="unhealed",
+                             action=rule.healing_id,
+                             details={"step": step, "code": info.code, "reason": "no action applied"})
+                raise
+            runner.log.warning("%s.%s %s: %s (%s) — healed by %s, retrying (attempt %d/%d)",
+                               runner.stage.pipeline_id, runner.stage.stage_name, step, info.code,
+                               info.message[:200], rule.healing_id, attempt, rule.max_attempts)
+            continue
+        if used:
+            _event(runner, {"step": step, "outcome": "healed", "actions": used},
+                   event="healing", outcome="healed", action=",".join(dict.fromkeys(used))[:64],
+                   duration_ms=int((time.monotonic() - t0) * 1000),
+                   details={"step": step, "attempts": state.total_attempts, "actions": used})
+        return result

@@ -1,0 +1,92 @@
+"""Kill switch enforcement: stop queued and in-flight runs of pipelines the control flags disable.
+
+The flags are read from the control DB on every call (`MetadataStore.enabled`), so a flip by CLI
+or by a plain SQL UPDATE applies at the next sensor tick. A run is matched by its
+`lakehouse/pipeline` tag (every job, sensor and schedule of the platform sets it). Stopping uses
+`instance.run_coordinator.cancel_run`, exactly what the UI's Terminate does: a queued run is
+cancelled in the queue, a started one is terminated by the run launcher. A stage-level flag stops
+a run only when every stage the run materializes is disabled; otherwise the stage's own checks
+(before extract, before load, before publish) stop just that stage.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lakehouse.runner import Platform
+
+log = logging.getLogger(__name__)
+
+PIPELINE_TAG = "lakehouse/pipeline"
+ACTIVE = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED")
+
+
+@dataclass(frozen=True)
+class StopDecision:
+    run_id: str
+    pipeline_id: str
+    status: str  # the run's status when the decision was taken
+    reason: str
+
+    @property
+    def action(self) -> str:
+        return "cancel" if self.status in ("QUEUED", "NOT_STARTED") else "terminate"
+
+
+def _stages_of_run(run: Any, platform: Platform) -> list[tuple[str, str]]:
+    """(pipeline, stage) of every asset the run materializes, via the metadata's asset keys."""
+    keys = getattr(run, "asset_selection", None)
+    if not keys:
+        return []
+    catalog = platform.catalog()
+    # a stage's asset key is [layer, target table] (lakehouse_assets.factory.stage_asset_key)
+    by_path = {(s.layer, catalog.target(s.target_id).table): (s.pipeline_id, s.stage_name) for s in catalog.stages}
+    return [by_path[tuple(k.path)] for k in keys if tuple(k.path) in by_path]
+
+
+def runs_to_stop(instance: Any, platform: Platform) -> list[StopDecision]:
+    """Active runs whose pipeline (or every selected stage) is disabled right now."""
+    import dagster as dg
+
+    statuses = [dg.DagsterRunStatus[s] for s in ACTIVE]
+    runs = instance.get_runs(filters=dg.RunsFilter(statuses=statuses))
+    verdicts: dict[str, tuple[bool, str]] = {}
+    out = []
+    for run in runs:
+        pid = run.tags.get(PIPELINE_TAG)
+        if not pid:
+            continue
+        if pid not in verdicts:
+            verdicts[pid] = platform.store.enabled(pid)
+        ok, reason = verdicts[pid]
+        if ok:
+            stages = _stages_of_run(run, platform)
+            checks = [platform.store.enabled(p, s) for p, s in stages]
+            if checks and not any(c[0] for c in checks):
+                ok, reason = False, "; ".join(dict.fromkeys(c[1] for c in checks))
+        if not ok:
+            out.append(StopDecision(run.run_id, pid, run.status.value, reason))
+    return out
+
+
+def enforce(instance: Any, platform: Platform) -> list[StopDecision]:
+    """Cancel/terminate every run `runs_to_stop` finds; each stop is written to audit_log."""
+    done = []
+    for d in runs_to_stop(instance, platform):
+        try:
+            ok = instance.run_coordinator.cancel_run(d.run_id)
+        except Exception as exc:  # noqa: BLE001 - one stuck run must not keep the others running
+            ok = False
+            log.exception("kill switch could not stop run %s", d.run_id)
+            platform.store.audit(run_id=d.run_id, pipeline_id=d.pipeline_id, event="kill_switch",
+                                 action=d.action, outcome="error", message=f"{d.reason}: {exc}")
+            continue
+        platform.store.audit(run_id=d.run_id, pipeline_id=d.pipeline_id, event="kill_switch", action=d.action,
+                             outcome=("cancelled" if d.action == "cancel" else "terminated") if ok else "not_stopped",
+                             message=d.reason, details={"status_before": d.status})
+        log.warning("kill switch: %s run %s of %s (%s)", d.action, d.run_id, d.pipeline_id, d.reason)
+        done.append(d)
+    return done

@@ -1,0 +1,105 @@
+"""Retry policies (metadata `retry_policies`) → the delay before each retry.
+
+The policy is looked up at run time (stage `retry_id`, else the pipeline's `default_retry_id`),
+so an UPDATE of `retry_policies` applies to the next failure without a code-location reload.
+The Dagster layer turns a decision into `RetryRequested(max_retries, seconds_to_wait)`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from lakehouse.metadata.model import MetadataCatalog, RetryPolicy
+
+#: Longest single wait, whatever the policy says: an exponential policy must not park a step for hours.
+MAX_DELAY_SECONDS = 3600.0
+
+
+def base_delay(policy: RetryPolicy, retry_number: int) -> float:
+    """Delay before retry `retry_number` (1-based), before jitter."""
+    n = max(1, retry_number)
+    d = policy.delay_seconds
+    if policy.backoff == "linear":
+        d = d * n
+    elif policy.backoff == "exponential":
+        d = d * (2 ** (n - 1))
+    return min(d, MAX_DELAY_SECONDS)
+
+
+def delay(policy: RetryPolicy, retry_number: int, rng: random.Random | None = None) -> float:
+    """Delay with the policy's jitter: `full` = uniform(0, d), `plus_minus` = d ± 25%."""
+    d = base_delay(policy, retry_number)
+    r = rng or random
+    if policy.jitter == "full":
+        d = r.uniform(0, d)
+    elif policy.jitter == "plus_minus":
+        d = d * r.uniform(0.75, 1.25)
+    return round(min(d, MAX_DELAY_SECONDS), 3)
+
+
+def schedule(policy: RetryPolicy, rng: random.Random | None = None) -> list[float]:
+    """Every delay the policy allows, in order (its length is max_retries)."""
+    return [delay(policy, i, rng) for i in range(1, policy.max_retries + 1)]
+
+
+def policy_for(catalog: MetadataCatalog, pipeline_id: str, stage_name: str) -> RetryPolicy | None:
+    stage = catalog.stage(pipeline_id, stage_name)
+    rid = stage.retry_id or catalog.pipeline(pipeline_id).default_retry_id
+    if not rid:
+        return None
+    return catalog.retry_policy(rid)
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    retry: bool
+    max_retries: int
+    seconds_to_wait: float
+    reason: str
+    retry_id: str | None = None
+
+
+def decide(catalog: MetadataCatalog, pipeline_id: str, stage_name: str, retry_number: int,
+           retryable: bool = True) -> RetryDecision:
+    """Should the step that just failed (attempt `retry_number`, 0 = first run) be retried?"""
+    if not retryable:
+        return RetryDecision(False, 0, 0.0, "error is not retryable")
+    policy = policy_for(catalog, pipeline_id, stage_name)
+    if policy is None:
+        return RetryDecision(False, 0, 0.0, "no retry policy for the stage or its pipeline")
+    if retry_number >= policy.max_retries:
+        return RetryDecision(False, policy.max_retries, 0.0,
+                             f"retry policy {policy.retry_id!r} exhausted ({policy.max_retries} retries)",
+                             policy.retry_id)
+    wait = delay(policy, retry_number + 1)
+    return RetryDecision(True, policy.max_retries, wait,
+                         f"retry {retry_number + 1}/{policy.max_retries} in {wait}s ({policy.retry_id})",
+                         policy.retry_id)
+
+
+def retry_exception(platform, pipeline_id: str, stage_name: str, run_id: str, retry_number: int,
+                    exc: BaseException, step: str):
+    """The Dagster `RetryRequested` to raise for a failed step, or None to let it fail.
+
+    Reads the policy from the control DB now; the decision is written to audit_log.
+    """
+    from lakehouse.errors import classify
+
+    info = classify(exc)
+    try:
+        d = decide(platform.store.load(), pipeline_id, stage_name, retry_number, info.retryable)
+    except KeyError as lookup:  # a policy id that no longer exists: fail loudly, do not retry blindly
+        d = RetryDecision(False, 0, 0.0, f"retry policy lookup failed: {lookup}")
+    if info.retryable:
+        platform.store.audit(run_id=run_id, pipeline_id=pipeline_id, stage_name=stage_name,
+                             event="retry", error_class=info.error_class, message=info.message,
+                             action=d.retry_id, outcome="retry_requested" if d.retry else "not_retried",
+                             details={"step": step, "code": info.code, "retry_number": retry_number,
+                                      "max_retries": d.max_retries, "seconds_to_wait": d.seconds_to_wait,
+                                      "reason": d.reason})
+    if not d.retry:
+        return None
+    import dagster as dg
+
+    return dg.RetryRequested(max_retries=d.max_retries, seconds_to_wait=d.seconds_to_wait)

@@ -1,0 +1,477 @@
+"""The `entity_raw` namespace: one Iceberg table per registered application, raw source rows as JSON.
+
+Seed 000's design. `applications` metadata is the registry: `entity_raw.<application_id>` exists
+for every enabled application, created proactively (at start-up and by a 10-minute schedule) and on
+demand for a registered name; a load naming anything else is rejected with the list of valid
+applications, so no arbitrary table can appear in the namespace.
+
+A load request names file keys and/or glob patterns, a mode and the tenant. Every raw parquet row
+becomes one entity_raw row: common columns (aligned with the transformed tables so that raw and
+transformed rows join on connection_qualified_name, workflow_run_id and typename) plus the whole
+row as `raw_record`, built by Spark's `to_json(struct(...))` over backtick-quoted column
+references, so no column name can change the expression. Each load is one Iceberg commit on an
+audit branch, carrying its file checkpoints in the snapshot summary, then published to main.
+
+Modes: APPEND keeps every extraction (history, diffing between runs). UPSERT replaces, for the
+request's tenant, the rows of each (connection_qualified_name, typename) the load contains with
+the new rows: the table then holds the latest extraction per connection and typename. Delete and
+append happen on the audit branch and reach main together in one fast-forward.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from lakehouse.iceberg import MAIN, branch_name_for_run, quote, sql_string
+from lakehouse.ingest.checkpoints import Checkpoints, crash_point
+from lakehouse.ingest.files import CHECKPOINT_PROPERTY, EMPTY, PROCESSED, QUARANTINED, FileRef, probe_file
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from lakehouse.metadata.model import Application, MetadataCatalog, Source
+    from lakehouse.runner import Platform
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "entity_raw"
+
+#: (name, Spark/Iceberg type, required) in table order: exactly seed 000's schema.
+SCHEMA: tuple[tuple[str, str, bool], ...] = (
+    ("typename", "string", True),
+    ("connection_qualified_name", "string", True),
+    ("workflow_id", "string", True),
+    ("workflow_run_id", "string", True),
+    ("extracted_at", "bigint", True),  # epoch milliseconds
+    ("tenant_id", "string", True),
+    ("entity_name", "string", False),
+    ("raw_record", "string", True),
+)
+COLUMNS = tuple(c for c, _, _ in SCHEMA)
+
+#: Default layout of extraction output keys (the application SDK's):
+#:   .../<workflow_id>/<workflow_run_id>/raw/<typename>/<file>.parquet
+DEFAULT_KEY_PATTERN = r"(?:^|/)(?P<workflow_id>[^/]+)/(?P<workflow_run_id>[^/]+)/raw/(?P<typename>[^/]+)/[^/]+$"
+
+
+class UnknownApplication(KeyError):
+    """A name that is not a registered application: the message lists the valid ones."""
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class LoadRequest(BaseModel):
+    """One load into entity_raw.<application>; the shape of the MDLH `/load` request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    application: str
+    tenant_id: str = Field(min_length=1)
+    mode: Literal["APPEND", "UPSERT"] = "APPEND"
+    file_keys: list[str] = Field(default_factory=list)
+    patterns: list[str] = Field(default_factory=list, description="glob patterns over keys, e.g. wf/*/raw/table/*.parquet")
+    bucket: str | None = Field(default=None, description="defaults to the application's source bucket")
+    typename: str | None = Field(default=None, description="else taken from the key layout")
+    workflow_id: str | None = None
+    workflow_run_id: str | None = None
+    connection_qualified_name: str | None = None
+    extracted_at: int | None = Field(default=None, description="epoch ms; default: load time")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _needs_files(self) -> LoadRequest:
+        if not self.file_keys and not self.patterns:
+            raise ValueError("a load request needs at least one of file_keys or patterns")
+        return self
+
+
+@dataclass
+class LoadResult:
+    table: str
+    run_id: str
+    files_loaded: int = 0
+    files_skipped: int = 0
+    rows_written: int = 0
+    snapshot_id: int | None = None
+    quarantined: list[dict] = field(default_factory=list)
+    empty_files: int = 0
+    mode: str = "APPEND"
+    typenames: list[str] = field(default_factory=list)
+    duration_s: float = 0.0
+
+    def metadata(self) -> dict[str, Any]:
+        md: dict[str, Any] = {"table": self.table, "mode": self.mode, "files_loaded": self.files_loaded,
+                              "files_already_loaded": self.files_skipped, "rows_written": self.rows_written,
+                              "snapshot_id": str(self.snapshot_id) if self.snapshot_id is not None else "none",
+                              "typenames": ", ".join(self.typenames), "duration_s": round(self.duration_s, 3)}
+        if self.quarantined:
+            md["quarantined_files"] = len(self.quarantined)
+            md["quarantined_file_errors"] = str(self.quarantined[:20])
+        if self.empty_files:
+            md["empty_files"] = self.empty_files
+        return md
+
+
+# --------------------------------------------------------------------------- registry and tables
+
+
+def table_identifier(application_id: str) -> str:
+    return f"{NAMESPACE}.{application_id.lower()}"
+
+
+def registered(catalog: MetadataCatalog) -> list[Application]:
+    return [a for a in catalog.applications if a.enabled]
+
+
+def require_application(catalog: MetadataCatalog, name: str) -> Application:
+    apps = {a.application_id.lower(): a for a in registered(catalog)}
+    app = apps.get((name or "").lower())
+    if app is None:
+        valid = ", ".join(sorted(apps)) or "(none registered)"
+        raise UnknownApplication(
+            f"unknown application {name!r}: entity_raw tables exist only for registered applications; "
+            f"valid applications: {valid}. Register it in the `applications` metadata first.")
+    return app
+
+
+def iceberg_schema():
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    types = {"string": StringType(), "bigint": LongType()}
+    return Schema(*[NestedField(i, name, types[t], required=req) for i, (name, t, req) in enumerate(SCHEMA, 1)])
+
+
+def ensure_table(platform: Platform, application_id: str, catalog: MetadataCatalog | None = None) -> bool:
+    """Create entity_raw.<app> (registered apps only) with PyIceberg: no Spark needed. True if created."""
+    from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import IdentityTransform
+
+    app = require_application(catalog or platform.catalog(), application_id)
+    cat = platform.pyiceberg_catalog()
+    ident = table_identifier(app.application_id)
+    try:
+        cat.create_namespace(NAMESPACE)
+    except NamespaceAlreadyExistsError:
+        pass
+    if cat.table_exists(ident):
+        return False
+    spec = PartitionSpec(PartitionField(source_id=1, field_id=1000, transform=IdentityTransform(), name="typename"))
+    try:
+        cat.create_table(ident, schema=iceberg_schema(), partition_spec=spec,
+                         properties={"format-version": "2", "write.wap.enabled": "true",
+                                     "comment": f"raw extraction records of application {app.application_id}"})
+    except TableAlreadyExistsError:
+        return False
+    log.info("created %s for registered application %s", ident, app.application_id)
+    return True
+
+
+def ensure_all_tables(platform: Platform) -> list[str]:
+    """Proactive creation for every registered application (start-up and the 10-minute schedule)."""
+    catalog = platform.catalog()
+    created = [table_identifier(a.application_id) for a in registered(catalog)
+               if ensure_table(platform, a.application_id, catalog)]
+    if created:
+        platform.store.audit(event="entity_raw_tables_created", outcome="success", message=", ".join(created))
+    return created
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def parse_key(key: str, pattern: str = DEFAULT_KEY_PATTERN) -> dict[str, str]:
+    m = re.search(pattern, key)
+    return {k: v for k, v in m.groupdict().items() if v} if m else {}
+
+
+def to_entity_raw(df: DataFrame, *, typename: str, connection_qualified_name: str, workflow_id: str,
+                  workflow_run_id: str, extracted_at: int, tenant_id: str,
+                  entity_name_field: str | None) -> DataFrame:
+    """Raw rows -> entity_raw rows. Column references are backtick-quoted (`quote`), never pasted."""
+    from pyspark.sql import functions as F
+
+    cols = df.columns
+    record = F.to_json(F.struct(*[F.col(quote(c)).alias(c) for c in cols]))
+    name_col = (F.col(quote(entity_name_field)).cast("string") if entity_name_field and entity_name_field in cols
+                else F.lit(None).cast("string"))
+    return df.select(
+        F.lit(typename).alias("typename"),
+        F.lit(connection_qualified_name).alias("connection_qualified_name"),
+        F.lit(workflow_id).alias("workflow_id"),
+        F.lit(workflow_run_id).alias("workflow_run_id"),
+        F.lit(int(extracted_at)).cast("bigint").alias("extracted_at"),
+        F.lit(tenant_id).alias("tenant_id"),
+        name_col.alias("entity_name"),
+        F.coalesce(record, F.lit("{}")).alias("raw_record"),  # never null: the column is required
+    )
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _app_source(catalog: MetadataCatalog, app: Application) -> Source | None:
+    return next((s for s in catalog.sources if s.source_id == app.source_id), None) if app.source_id else None
+
+
+def _literal_prefix(pattern: str) -> str:
+    m = re.search(r"[*?\[]", pattern)
+    return pattern if m is None else pattern[: m.start()]
+
+
+def resolve_files(platform: Platform, src: Source | None, request: LoadRequest) -> tuple[list[FileRef], str]:
+    """(files named by keys or matched by patterns, location prefix for checkpoints)."""
+    if src is not None and src.kind == "files":
+        from lakehouse.ingest.files import landing_root, local_etag
+
+        root = landing_root(src, platform.settings.landing_dir)
+        found: dict[str, FileRef] = {}
+        for k in request.file_keys:
+            p = root / k
+            if not p.is_file():
+                raise FileNotFoundError(f"load request for {request.application!r}: file key {k!r} not found under {root}")
+            found[k] = FileRef(k, p.stat().st_size, local_etag(p), str(p))
+        for pat in request.patterns:
+            for p in sorted(root.rglob("*")):
+                rel = p.relative_to(root).as_posix()
+                if p.is_file() and fnmatch.fnmatchcase(rel, pat):
+                    found[rel] = FileRef(rel, p.stat().st_size, local_etag(p), str(p))
+        return sorted(found.values(), key=lambda f: f.key), f"file://{root}/"
+    from lakehouse.ingest.s3 import s3_client
+
+    bucket = request.bucket or (src.bucket if src is not None else None)
+    if not bucket:
+        raise ValueError(f"load request for {request.application!r} names no bucket and the application has no S3 source")
+    from lakehouse.ingest.s3 import endpoint_url
+
+    client = s3_client(endpoint_url(src, platform.settings) if src is not None else platform.settings.s3_endpoint_url)
+    found = {}
+    from botocore.exceptions import ClientError
+
+    for k in request.file_keys:
+        try:
+            h = client.head_object(Bucket=bucket, Key=k)
+        except ClientError as exc:
+            raise FileNotFoundError(f"load request for {request.application!r}: s3://{bucket}/{k} not found "
+                                    f"({exc.response.get('Error', {}).get('Code')})") from exc
+        found[k] = FileRef(k, int(h["ContentLength"]), h["ETag"].strip('"'))
+    for pat in request.patterns:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=_literal_prefix(pat)):
+            for obj in page.get("Contents", []):
+                if fnmatch.fnmatchcase(obj["Key"], pat) and not obj["Key"].endswith("/"):
+                    found[obj["Key"]] = FileRef(obj["Key"], int(obj["Size"]), obj["ETag"].strip('"'))
+    return sorted(found.values(), key=lambda f: f.key), f"s3://{bucket}/"
+
+
+# --------------------------------------------------------------------------- load
+
+
+def load(platform: Platform, request: LoadRequest | dict, run_id: str | None = None) -> LoadResult:
+    """Validate, create on demand, stage, convert with Spark, commit once on a branch, publish."""
+    t0 = time.monotonic()
+    request = request if isinstance(request, LoadRequest) else LoadRequest.model_validate(request)
+    run_id = run_id or uuid.uuid4().hex
+    catalog = platform.catalog()
+    app = require_application(catalog, request.application)
+    ident = table_identifier(app.application_id)
+    ensure_table(platform, app.application_id, catalog)  # on demand, for a registered name
+    src = _app_source(catalog, app)
+    result = LoadResult(ident, run_id, mode=request.mode)
+    files, location = resolve_files(platform, src, request)
+    if not files:
+        raise FileNotFoundError(f"load request for {request.application!r}: no file matches "
+                                f"file_keys={request.file_keys} patterns={request.patterns} in {location}")
+    pattern = (src.options.get("key_pattern") if src is not None else None) or DEFAULT_KEY_PATTERN
+    # checkpoint identity: tenant + location + key, so two tenants never shadow each other's files
+    ck = {f.key: f"{request.tenant_id}|{location}{f.key}" for f in files}
+    tables = platform.tables()
+    cp = Checkpoints(platform, ident)
+    cp.sync(tables)
+    done = cp.handled([FileRef(ck[f.key], f.size, f.etag) for f in files])
+    new = [f for f in files if (ck[f.key], f.etag) not in done]
+    result.files_skipped = len(files) - len(new)
+    if not new:
+        result.duration_s = time.monotonic() - t0
+        return result
+
+    # per-file context (typename, workflow ids) before any I/O: a bad key layout fails fast
+    contexts: dict[str, dict[str, Any]] = {}
+    for f in new:
+        parsed = parse_key(f.key, pattern)
+        ctx = {"typename": request.typename or parsed.get("typename"),
+               "workflow_id": request.workflow_id or parsed.get("workflow_id"),
+               "workflow_run_id": request.workflow_run_id or parsed.get("workflow_run_id"),
+               "connection_qualified_name": request.connection_qualified_name
+               or (src.options.get("connection_qualified_name") if src is not None else None)}
+        missing = [k for k, v in ctx.items() if not v]
+        if missing:
+            raise ValueError(f"load request for {request.application!r}: cannot tell {', '.join(missing)} for "
+                             f"{f.key!r}; give them in the request or match the key layout {pattern!r}")
+        contexts[f.key] = ctx
+
+    staging = None
+    if location.startswith("s3://"):
+        from lakehouse.ingest.s3 import download, s3_client
+        from lakehouse.ingest.s3 import endpoint_url as _ep
+
+        staging = platform.settings.staging_dir / "entity_raw" / re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)
+        client = s3_client(_ep(src, platform.settings) if src is not None else platform.settings.s3_endpoint_url,
+                           src.download_threads if src is not None else 8)
+        srcish = src.model_copy(update={"bucket": location[5:-1]}) if src is not None else _BucketOnly(location[5:-1])
+        staged, skipped = download(client, srcish, new, staging, src.download_threads if src is not None else 8)
+        for f, why in skipped:
+            log.warning("entity_raw %s: skipping %s: %s", ident, f.key, why)
+        new = staged
+    checked: list[FileRef] = []
+    for f in new:
+        if f.size == 0:
+            checked.append(f.with_status(EMPTY))
+            continue
+        err = probe_file(f.local_path or f.key, "parquet")
+        checked.append(f if err is None else f.with_status(QUARANTINED, err))
+    unread = [f for f in checked if f.status != PROCESSED]
+    for f in unread:
+        if f.status == QUARANTINED:
+            result.quarantined.append({"key": f.key, "error": f.error})
+            platform.store.audit(run_id=run_id, dataset=ident, event="file_quarantined", error_class="UnreadableFile",
+                                 outcome="quarantined", message=f"{f.key}: {f.error}",
+                                 details={"key": f.key, "etag": f.etag, "application": app.application_id})
+        else:
+            result.empty_files += 1
+    cp.record(_ck_rows(unread, ck, run_id))
+    good = [f for f in checked if f.status == PROCESSED]
+    spark = platform.spark()
+    extracted_at = request.extracted_at or int(time.time() * 1000)
+    frames = []
+    groups: dict[tuple, list[FileRef]] = {}
+    for f in good:
+        c = contexts[f.key]
+        groups.setdefault((c["typename"], c["workflow_id"], c["workflow_run_id"], c["connection_qualified_name"]),
+                          []).append(f)
+    for (typename, wf, wfr, cqn), fs in sorted(groups.items()):
+        raw = spark.read.parquet(*[f.local_path for f in fs])
+        frames.append(to_entity_raw(
+            raw, typename=typename, connection_qualified_name=cqn, workflow_id=wf, workflow_run_id=wfr,
+            extracted_at=extracted_at, tenant_id=request.tenant_id,
+            entity_name_field=app.entity_name_fields.get(typename.lower())))
+    result.typenames = sorted({g[0] for g in groups})
+    if frames:
+        df = frames[0]
+        for other in frames[1:]:
+            df = df.unionByName(other)
+        _commit(platform, ident, df, request, groups, checked, ck, run_id, result)
+        result.files_loaded = len(good)
+    cp.sync(tables)
+    if staging is not None:
+        shutil.rmtree(staging, ignore_errors=True)
+    result.duration_s = time.monotonic() - t0
+    platform.store.audit(run_id=run_id, dataset=ident, event="entity_raw_load", outcome="success",
+                         duration_ms=int(result.duration_s * 1000),
+                         details={k: v for k, v in result.metadata().items() if k != "quarantined_file_errors"})
+    return result
+
+
+class _BucketOnly:
+    """Enough of a Source for `download` when a request names a bucket of its own."""
+
+    def __init__(self, bucket: str):
+        self.bucket = bucket
+
+
+def _ck_rows(files: list[FileRef], ck: dict[str, str], run_id: str):
+    from lakehouse.ingest.checkpoints import CheckpointRow
+
+    return [CheckpointRow(ck[f.key], f.etag, f.size, f.status, run_id, None, f.error) for f in files]
+
+
+def _commit(platform: Platform, ident: str, df: DataFrame, request: LoadRequest, groups: dict,
+            checked: list[FileRef], ck: dict[str, str], run_id: str, result: LoadResult) -> None:
+    import json
+
+    tables = platform.tables()
+    branch = branch_name_for_run(run_id)
+    tables.create_branch(ident, branch)
+    if request.mode == "UPSERT":
+        pairs = sorted({(g[3], g[0]) for g in groups})
+        cond = " OR ".join(
+            f"({quote('connection_qualified_name')} = {sql_string(c)} AND {quote('typename')} = {sql_string(t)})"
+            for c, t in pairs)
+        platform.spark().sql(f"DELETE FROM {tables.qualified(ident, branch)} "
+                             f"WHERE {quote('tenant_id')} = {sql_string(request.tenant_id)} AND ({cond})")
+    props = {CHECKPOINT_PROPERTY: json.dumps([{**f.as_checkpoint(), "key": ck[f.key]} for f in checked],
+                                             separators=(",", ":")),
+             "lakehouse.run_id": run_id, "lakehouse.tenant_id": request.tenant_id, "lakehouse.mode": request.mode}
+    writer = df.writeTo(tables.qualified(ident, branch))
+    for k, v in props.items():
+        writer = writer.option(f"snapshot-property.{k}", v)
+    writer.append()
+    crash_point("entity_raw_after_branch_commit")
+    head = tables.snapshot_id(ident, branch)
+    summary = tables.snapshot_summary(ident, head) if head is not None else {}
+    result.rows_written = int(summary.get("added-records", 0))
+    result.snapshot_id = tables.publish(ident, branch)
+    tables.drop_branch(ident, branch)
+    assert result.snapshot_id == tables.snapshot_id(ident, MAIN)
+
+
+# --------------------------------------------------------------------------- arrivals
+
+
+def load_new_files(platform: Platform, application_id: str, run_id: str, run_tags: dict | None = None) -> LoadResult:
+    """What the entity_raw asset does: load the sensor's batch (run tag) or every new file of the
+    application's source, with tenant / connection / mode from the source's options."""
+    from lakehouse.ingest.s3 import ARRIVAL_TAG, client_for, list_files, requested_files
+
+    catalog = platform.catalog()
+    app = require_application(catalog, application_id)
+    src = _app_source(catalog, app)
+    if src is None:
+        raise ValueError(f"application {app.application_id!r} has no source_id: nothing to watch or load")
+    tenant = src.options.get("tenant_id")
+    if not tenant:
+        raise ValueError(f"source {src.source_id!r} of application {app.application_id!r} needs options.tenant_id")
+    batch = (run_tags or {}).get(ARRIVAL_TAG)
+    if batch:
+        keys = [f.key for f in requested_files(platform, batch)]
+    elif src.kind == "s3":
+        files, _, _ = list_files(client_for(src, platform.settings), src)
+        keys = [f.key for f in files]
+    else:
+        from lakehouse.ingest.files import list_local_files
+
+        keys = [f.key for f in list_local_files(src, platform.settings.landing_dir)]
+    ident = table_identifier(app.application_id)
+    if not keys:
+        return LoadResult(ident, run_id)
+    req = LoadRequest(application=app.application_id, tenant_id=tenant, file_keys=keys,
+                      mode=src.options.get("mode", "APPEND").upper(),
+                      connection_qualified_name=src.options.get("connection_qualified_name"))
+    return load(platform, req, run_id=run_id)
+
+
+def ensure_tables_at_startup(platform: Platform) -> None:
+    """Called when the code location loads; never blocks start-up on a catalog problem."""
+    try:
+        ensure_all_tables(platform)
+    except Exception:  # noqa: BLE001 - logged; the schedule retries every 10 minutes
+        log.warning("could not create entity_raw tables at start-up", exc_info=True)
+
+
+def staging_root(platform: Platform) -> Path:
+    return platform.settings.staging_dir / "entity_raw"

@@ -1,0 +1,1 @@
+"""Exports of published Iceberg tables to outside systems (the warehouse: Redshift / PostgreSQL)."""

@@ -1,0 +1,321 @@
+"""S3 sources: incremental listing, arrival polling, parallel download to staging, run planning.
+
+Listing cost follows what is new, not what exists. S3 lists keys in lexicographic order, so a
+cursor holding the last key seen lets `list_objects_v2(StartAfter=...)` return only keys after
+it, page by page (1,000 keys a page). Keys that arrive *out of order* (a key sorting before the
+cursor, or an existing key rewritten with a new ETag) are not seen by that; a full
+reconciliation listing runs every `options.reconcile_seconds` (default 3600) and picks up any
+key+etag that is neither checkpointed nor recently requested. Producers that write dated,
+monotonically increasing keys (`.../dt=2026-11-22/hh=03/part-<ts>.parquet`) never need it.
+
+Spark here cannot read `s3a://`, so `read_mode: stage` (the default) downloads the planned
+objects with a thread pool into the staging directory and Spark reads the local copies;
+`read_mode: direct` hands `s3a://bucket/key` paths to Spark for clusters with hadoop-aws.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from lakehouse.ingest.checkpoints import (
+    Checkpoints,
+    arrival_requests,
+    crash_point,
+    engine_for,
+    ingest_cursors,
+)
+from lakehouse.ingest.files import FileRef, select_for_run
+
+if TYPE_CHECKING:
+    from lakehouse.ingest.arrivals import ArrivalDecision
+    from lakehouse.metadata.model import Source
+    from lakehouse.runner import ExtractPlan, Platform, StageOutcome, StageRunner
+    from lakehouse.settings import Settings
+
+log = logging.getLogger(__name__)
+
+ARRIVAL_TAG = "lakehouse/arrival_batch"
+DEFAULT_RECONCILE_SECONDS = 3600.0
+
+
+# --------------------------------------------------------------------------- client and listing
+
+
+def endpoint_url(source: Source, settings: Settings | None = None) -> str | None:
+    """LAKEHOUSE_S3_ENDPOINT_URL overrides the source's endpoint_url (tests, MinIO, moto)."""
+    env = os.environ.get("LAKEHOUSE_S3_ENDPOINT_URL") or (settings.s3_endpoint_url if settings else None)
+    return env or source.endpoint_url
+
+
+def s3_client(endpoint: str | None = None, threads: int = 10):
+    """A boto3 S3 client; credentials come from the standard AWS environment / profile chain."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3", endpoint_url=endpoint, region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+        config=Config(max_pool_connections=max(10, threads), retries={"max_attempts": 5, "mode": "standard"}),
+    )
+
+
+def client_for(source: Source, settings: Settings | None = None):
+    return s3_client(endpoint_url(source, settings), source.download_threads)
+
+
+def key_matches(key: str, source: Source) -> bool:
+    if key.endswith("/"):
+        return False
+    rel = key[len(source.prefix):].lstrip("/") if key.startswith(source.prefix) else key
+    name = rel.rsplit("/", 1)[-1]
+    if name.startswith((".", "_")):  # _SUCCESS markers, hidden files
+        return False
+    return fnmatch(rel, source.glob) or fnmatch(name, source.glob)
+
+
+def list_files(client, source: Source, start_after: str | None = None) -> tuple[list[FileRef], str | None, int]:
+    """(matching files after `start_after`, the last key listed, keys listed); every page is read."""
+    kwargs: dict[str, Any] = {"Bucket": source.bucket, "Prefix": source.prefix}
+    if start_after:
+        kwargs["StartAfter"] = start_after
+    out: list[FileRef] = []
+    last, listed = None, 0
+    for page in client.get_paginator("list_objects_v2").paginate(**kwargs):
+        for obj in page.get("Contents", []):
+            listed += 1
+            last = obj["Key"]
+            if key_matches(last, source):
+                out.append(FileRef(last, int(obj["Size"]), obj["ETag"].strip('"')))
+    return out, last, listed
+
+
+def _max_key(*keys: str | None) -> str | None:
+    present = [k for k in keys if k]
+    return max(present) if present else None
+
+
+def reconcile_seconds(source: Source) -> float:
+    return float(source.options.get("reconcile_seconds", DEFAULT_RECONCILE_SECONDS))
+
+
+# --------------------------------------------------------------------------- sensor side
+
+
+def poll_s3(platform: Platform, source: Source, cursor: str | None, identifier: str | None = None,
+            now: float | None = None) -> ArrivalDecision:
+    """One sensor tick: list after the cursor (or reconcile fully when due), batch the new files.
+
+    Uses the checkpoint table only (no Spark): a file already handled is never requested again;
+    a file of a batch requested within the reconcile interval is not re-requested.
+    """
+    from lakehouse.ingest.arrivals import ArrivalDecision, make_batches
+
+    now = time.time() if now is None else now
+    state = json.loads(cursor) if cursor else {}
+    after = state.get("after")
+    full = after is None or now - float(state.get("reconciled_at", 0)) >= reconcile_seconds(source)
+    client = client_for(source, platform.settings)
+    files, last, listed = list_files(client, source, None if full else after)
+    new_state = {"after": _max_key(after, last), "reconciled_at": now if full else state.get("reconciled_at", 0)}
+    if files and identifier:
+        done = Checkpoints(platform, identifier).handled(files)
+        files = [f for f in files if (f.key, f.etag) not in done]
+    if files and full:
+        recent = recently_requested(platform, source.source_id, now - reconcile_seconds(source))
+        files = [f for f in files if (f.key, f.etag) not in recent]
+    where = f"s3://{source.bucket}/{source.prefix}"
+    if not files:
+        return ArrivalDecision(cursor=json.dumps(new_state),
+                               skip_reason=f"no new files in {where} ({listed} key(s) listed"
+                               + (", full reconciliation)" if full else f" after {after!r})"))
+    batches = make_batches(files, source.max_files_per_run, source.max_bytes_per_run)
+    record_requests(platform, source.source_id, identifier, batches, now)
+    return ArrivalDecision(batches=batches, cursor=json.dumps(new_state),
+                           tags={"lakehouse/listing": "full" if full else "incremental",
+                                 "lakehouse/keys_listed": str(listed)})
+
+
+def record_requests(platform: Platform, source_id: str, identifier: str | None, batches, now: float) -> None:
+    eng = engine_for(platform)
+    with eng.begin() as conn:
+        for b in batches:
+            conn.execute(sa.delete(arrival_requests).where(arrival_requests.c.batch_key == b.run_key))
+            conn.execute(sa.insert(arrival_requests), [
+                {"batch_key": b.run_key, "file_key": f.key, "etag": f.etag, "size": f.size,
+                 "source_id": source_id, "table_ident": identifier, "requested_at": now} for f in b.files])
+
+
+def recently_requested(platform: Platform, source_id: str, since: float) -> set[tuple[str, str]]:
+    t = arrival_requests
+    with engine_for(platform).connect() as conn:
+        return {(k, e) for k, e in conn.execute(
+            sa.select(t.c.file_key, t.c.etag).where(t.c.source_id == source_id, t.c.requested_at >= since))}
+
+
+def requested_files(platform: Platform, batch_key: str) -> list[FileRef]:
+    t = arrival_requests
+    with engine_for(platform).connect() as conn:
+        rows = conn.execute(sa.select(t.c.file_key, t.c.etag, t.c.size).where(t.c.batch_key == batch_key)
+                            .order_by(t.c.file_key)).all()
+    return [FileRef(k, int(s or 0), e) for k, e, s in rows]
+
+
+# --------------------------------------------------------------------------- run side
+
+
+def get_cursor(platform: Platform, identifier: str, source_id: str) -> tuple[str | None, float]:
+    t = ingest_cursors
+    with engine_for(platform).connect() as conn:
+        row = conn.execute(sa.select(t.c.after_key, t.c.reconciled_at).where(
+            t.c.table_ident == identifier, t.c.source_id == source_id)).first()
+    return (row[0], float(row[1] or 0)) if row else (None, 0.0)
+
+
+def set_cursor(platform: Platform, identifier: str, source_id: str, after: str | None, reconciled_at: float) -> None:
+    t = ingest_cursors
+    with engine_for(platform).begin() as conn:
+        conn.execute(sa.delete(t).where(t.c.table_ident == identifier, t.c.source_id == source_id))
+        conn.execute(sa.insert(t).values(table_ident=identifier, source_id=source_id, after_key=after,
+                                         reconciled_at=reconciled_at, updated_at=sa.func.now()))
+
+
+def plan(runner: StageRunner, src: Source, plan: ExtractPlan) -> None:
+    """Decide this run's files and stage them locally (called by StageRunner.extract)."""
+    platform = runner.platform
+    ident = runner.target.identifier
+    tables = platform.tables()
+    cp = Checkpoints(platform, ident)
+    if tables.exists(ident):
+        cp.sync(tables)  # only snapshots newer than the checkpoint table's mark
+    client = client_for(src, platform.settings)
+    batch_key = (getattr(runner, "run_tags", None) or {}).get(ARRIVAL_TAG)
+    now = time.time()
+    after, reconciled_at = get_cursor(platform, ident, src.source_id)
+    if batch_key:
+        listed_files, last, listed = requested_files(platform, batch_key), None, 0
+        listing = "arrival_batch"
+        if not listed_files:
+            raise ValueError(f"run tag {ARRIVAL_TAG}={batch_key!r} names no requested files "
+                             f"(table arrival_requests); was the control DB reset?")
+    else:
+        full = after is None or now - reconciled_at >= reconcile_seconds(src)
+        listing = "full" if full else "incremental"
+        listed_files, last, listed = list_files(client, src, None if full else after)
+    done = cp.handled(listed_files)
+    new = [f for f in listed_files if (f.key, f.etag) not in done]
+    picked = select_for_run(new, src)
+    plan.details = {"listing": listing, "keys_listed": listed, "files_found": len(listed_files),
+                    "files_new": len(new), "files_planned": len(picked), "start_after": after
+                    if listing == "incremental" else None}
+    if listing != "arrival_batch":
+        # every listed key up to the cursor below is handled once this run publishes
+        complete = len(picked) == len(new)
+        hwm = _max_key(after, last) if complete else _max_key(after, picked[-1].key if picked else None)
+        plan.details["cursor_after_publish"] = {
+            "after": hwm, "reconciled_at": now if (listing == "full" and complete) else reconciled_at}
+        if not picked:
+            set_cursor(platform, ident, src.source_id, hwm, plan.details["cursor_after_publish"]["reconciled_at"])
+    if batch_key:
+        plan.details["arrival_batch"] = batch_key
+    if not picked:
+        plan.skipped_reason = f"no new files in s3://{src.bucket}/{src.prefix}"
+        return
+    if src.read_mode == "direct":
+        plan.files = [FileRef(f.key, f.size, f.etag, f"s3a://{src.bucket}/{f.key}") for f in picked]
+        return
+    sweep_staging(platform.settings.staging_dir / "s3")
+    dest = platform.settings.staging_dir / "s3" / re.sub(r"[^A-Za-z0-9_.-]", "_", runner.run_id)
+    t0 = time.monotonic()
+    staged, skipped = download(client, src, picked, dest, src.download_threads)
+    plan.staged_path = str(dest)
+    plan.files = staged
+    plan.details.update({"files_downloaded": len(staged), "download_seconds": round(time.monotonic() - t0, 3),
+                         "staged_bytes": sum(f.size for f in staged), "files_changed_during_run": len(skipped)})
+    for f, why in skipped:
+        runner.audit("file_skipped", outcome="retry_later", message=f"{f.key}: {why}",
+                     details={"key": f.key, "etag": f.etag})
+    if not staged:
+        plan.skipped_reason = "every planned object changed or vanished during download"
+
+
+def sweep_staging(root: Path, max_age_s: float = 86400.0) -> None:
+    """Drop staging directories left by killed runs (a finished run removes its own)."""
+    if not root.exists():
+        return
+    cutoff = time.time() - max_age_s
+    for d in root.iterdir():
+        try:
+            if d.is_dir() and d.stat().st_mtime < cutoff:
+                shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def _staged_name(i: int, key: str) -> str:
+    ext = "".join(Path(key).suffixes[-2:])
+    ext = ext if re.fullmatch(r"[A-Za-z0-9.]{0,16}", ext) else ""
+    return f"{i:06d}_{hashlib.sha1(key.encode(), usedforsecurity=False).hexdigest()[:16]}{ext}"
+
+
+def download(client, source: Source, files: list[FileRef], dest: Path, threads: int
+             ) -> tuple[list[FileRef], list[tuple[FileRef, str]]]:
+    """Fetch objects in parallel (ThreadPoolExecutor) into `dest`, pinned to the listed ETag.
+
+    An object rewritten or deleted since it was listed is skipped (its new version is picked up
+    by a later run); any other error fails the run naming the key, so nothing is marked done.
+    """
+    from botocore.exceptions import ClientError
+
+    dest.mkdir(parents=True, exist_ok=True)
+
+    def one(item: tuple[int, FileRef]) -> tuple[FileRef, str | None]:
+        i, f = item
+        path = dest / _staged_name(i, f.key)
+        try:
+            resp = client.get_object(Bucket=source.bucket, Key=f.key, IfMatch=f'"{f.etag}"')
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in ("PreconditionFailed", "NoSuchKey", "412", "404"):
+                return f, f"changed or deleted since listing ({code})"
+            raise RuntimeError(f"downloading s3://{source.bucket}/{f.key} failed: {code or exc}") from exc
+        tmp = path.with_name(path.name + ".part")
+        with tmp.open("wb") as fh:
+            for chunk in resp["Body"].iter_chunks(1 << 20):
+                fh.write(chunk)
+        tmp.replace(path)
+        if i == 0:
+            crash_point("download")
+        return FileRef(f.key, f.size, f.etag, str(path)), None
+
+    staged, skipped = [], []
+    with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="s3-download") as pool:
+        for ref, why in pool.map(one, enumerate(files)):
+            if why is None:
+                staged.append(ref)
+            else:
+                skipped.append((ref, why))
+    return staged, skipped
+
+
+def after_publish(runner: StageRunner, outcome: StageOutcome, plan: ExtractPlan) -> None:
+    """Advance the listing cursor and drop the staged copies (the data is in Iceberg now)."""
+    cur = plan.details.get("cursor_after_publish")
+    if cur:
+        set_cursor(runner.platform, runner.target.identifier, plan.source_id or runner.stage.source_id,
+                   cur["after"], cur["reconciled_at"])
+    for k in ("keys_listed", "files_planned", "files_downloaded", "download_seconds", "listing"):
+        if k in plan.details:
+            outcome.extra[f"s3_{k}"] = plan.details[k]
+    if plan.staged_path:
+        shutil.rmtree(plan.staged_path, ignore_errors=True)

@@ -1,0 +1,252 @@
+"""The dataset lineage graph (networkx): every route a dataset can be produced from, with costs.
+
+Edges come from three places, later ones overriding earlier ones with the same
+(from, to) key:
+  1. the stages themselves (source_id → target, and every table the stage's SQL reads →
+     target), default routes of cost 1 with the SQL's column lineage attached;
+  2. `sources.alternative_source_id`: the replica feeds whatever the primary feeds, at the
+     primary edge's cost + 1, not a default route;
+  3. explicit `dataset_lineage` rows (an operator's costs and extra routes always win).
+Derived rows are written back to `dataset_lineage` (transform_name `stage:` / `alternative:`)
+so the table holds every route, and `dataset_recovery_paths` is recomputed from the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from itertools import islice
+
+import networkx as nx
+import sqlalchemy as sa
+
+from lakehouse.metadata.model import DatasetLineage, DatasetRecoveryPath, MetadataCatalog, Stage
+
+STAGE_PREFIX = "stage:"
+ALT_PREFIX = "alternative:"
+_ROOT = "\x00root"
+MAX_ROUTES = 200
+
+
+def stage_upstreams(catalog: MetadataCatalog, stage: Stage) -> list[str]:
+    """Dataset ids a stage reads: its source_id and the targets behind the tables in its SQL."""
+    from lakehouse.sqlparse import tables_in_sql
+
+    ups: list[str] = []
+    if stage.transformation:
+        for ident in tables_in_sql(stage.transformation):
+            t = catalog.target_by_identifier(ident)
+            if t is not None:
+                ups.append(t.target_id)
+    if stage.source_id:
+        ups.append(stage.source_id)
+    return list(dict.fromkeys(ups))
+
+
+def stage_column_lineage(catalog: MetadataCatalog, stage: Stage) -> dict[str, dict[str, list[str]]]:
+    """{upstream dataset id: {column: [upstream columns]}} of a SQL stage ({} when not derivable)."""
+    if not stage.transformation:
+        return {}
+    from lakehouse.lineage.columns import column_lineage
+    from lakehouse.sqlparse import SqlParseError
+
+    try:
+        per_table = column_lineage(stage.transformation).by_upstream()
+    except SqlParseError:
+        return {}
+    out = {}
+    for ident, cols in per_table.items():
+        t = catalog.target_by_identifier(ident)
+        if t is not None:
+            out[t.target_id] = cols
+    return out
+
+
+def derived_edges(catalog: MetadataCatalog) -> list[DatasetLineage]:
+    """The lineage the stages and alternative sources imply (before explicit rows override)."""
+    edges: dict[tuple[str, str], DatasetLineage] = {}
+    for st in catalog.stages:
+        cols = stage_column_lineage(catalog, st)
+        for up in stage_upstreams(catalog, st):
+            edges[(up, st.target_id)] = DatasetLineage(
+                from_dataset_id=up, to_dataset_id=st.target_id,
+                transform_name=f"{STAGE_PREFIX}{st.pipeline_id}.{st.stage_name}", cost=1.0, is_default=True,
+                transformation_sql=st.transformation, column_lineage=cols.get(up, {}),
+            )
+    explicit = {(e.from_dataset_id, e.to_dataset_id): e for e in catalog.dataset_lineage}
+    for src in catalog.sources:
+        alt = src.alternative_source_id
+        if not alt:
+            continue
+        for (frm, to), e in list(edges.items()):
+            if frm != src.source_id or (alt, to) in edges:
+                continue
+            primary = explicit.get((frm, to), e)
+            edges[(alt, to)] = DatasetLineage(
+                from_dataset_id=alt, to_dataset_id=to, transform_name=f"{ALT_PREFIX}{src.source_id}",
+                cost=primary.cost + 1.0, is_default=False, transformation_sql=e.transformation_sql,
+                column_lineage=e.column_lineage,
+            )
+    return list(edges.values())
+
+
+_EDGE_CACHE: dict[int, tuple[MetadataCatalog, list[DatasetLineage]]] = {}
+
+
+def all_edges(catalog: MetadataCatalog) -> list[DatasetLineage]:
+    """Derived edges overridden by explicit dataset_lineage rows, minus stale derived rows.
+
+    Memoised per catalog object (a catalog is loaded per step and not mutated): parsing every
+    stage's SQL once per step, not once per question asked about it.
+    """
+    hit = _EDGE_CACHE.get(id(catalog))
+    if hit is not None and hit[0] is catalog:
+        return hit[1]
+    edges = _all_edges(catalog)
+    if len(_EDGE_CACHE) > 16:
+        _EDGE_CACHE.clear()
+    _EDGE_CACHE[id(catalog)] = (catalog, edges)
+    return edges
+
+
+def _all_edges(catalog: MetadataCatalog) -> list[DatasetLineage]:
+    derived = {(e.from_dataset_id, e.to_dataset_id): e for e in derived_edges(catalog)}
+    out = dict(derived)
+    for e in catalog.dataset_lineage:
+        k = (e.from_dataset_id, e.to_dataset_id)
+        if _is_derived(e) and k not in derived:
+            continue  # a stage/alternative that no longer exists
+        if _is_derived(e) and k in derived:
+            # keep an operator's cost / default flag, refresh SQL and column lineage from the stage
+            out[k] = derived[k].model_copy(update={"cost": e.cost, "is_default": e.is_default})
+        elif k in derived and not e.column_lineage:
+            out[k] = e.model_copy(update={"column_lineage": derived[k].column_lineage,
+                                          "transformation_sql": e.transformation_sql or derived[k].transformation_sql})
+        else:
+            out[k] = e
+    return list(out.values())
+
+
+def _is_derived(e: DatasetLineage) -> bool:
+    return e.transform_name.startswith((STAGE_PREFIX, ALT_PREFIX))
+
+
+def build_graph(catalog: MetadataCatalog) -> nx.DiGraph:
+    g = nx.DiGraph()
+    for s in catalog.sources:
+        g.add_node(s.source_id, kind="source", source_kind=s.kind)
+    for t in catalog.targets:
+        g.add_node(t.target_id, kind="target", target_kind=t.kind)
+    for e in all_edges(catalog):
+        for n in (e.from_dataset_id, e.to_dataset_id):
+            if n not in g:
+                g.add_node(n, kind="unknown")
+        g.add_edge(e.from_dataset_id, e.to_dataset_id, cost=float(e.cost), is_default=e.is_default,
+                   transform_name=e.transform_name, lineage=e)
+    return g
+
+
+@dataclass
+class Route:
+    path: list[str]
+    cost: float
+    is_default: bool
+    unavailable: dict[str, str] = field(default_factory=dict)  # dataset -> why
+
+    @property
+    def available(self) -> bool:
+        return not self.unavailable
+
+    @property
+    def upstream(self) -> str | None:
+        """The dataset the last hop reads: what the producing stage must extract from."""
+        return self.path[-2] if len(self.path) > 1 else None
+
+    def as_text(self) -> str:
+        return " -> ".join(self.path)
+
+
+def routes(graph: nx.DiGraph, dataset_id: str, limit: int = MAX_ROUTES) -> list[Route]:
+    """Every simple route from an origin (a dataset nothing feeds) to `dataset_id`, cheapest first.
+
+    A virtual root joined to every origin lets networkx's Yen enumeration
+    (`shortest_simple_paths`) produce them lazily in cost order, so a wide graph costs `limit`
+    paths, not all of them.
+    """
+    if dataset_id not in graph:
+        raise KeyError(f"unknown dataset {dataset_id!r}; known: {sorted(graph.nodes)}")
+    anc = nx.ancestors(graph, dataset_id)
+    if not anc:
+        return []
+    sub = graph.subgraph(anc | {dataset_id}).copy()
+    origins = [n for n in sub.nodes if sub.in_degree(n) == 0]
+    for o in origins:
+        sub.add_edge(_ROOT, o, cost=0.0, is_default=True)
+    if not origins:  # only cycles feed it: start anywhere upstream
+        for n in anc:
+            sub.add_edge(_ROOT, n, cost=0.0, is_default=True)
+    out = []
+    for p in islice(nx.shortest_simple_paths(sub, _ROOT, dataset_id, weight="cost"), limit):
+        path = p[1:]
+        hops = list(zip(path, path[1:], strict=False))
+        out.append(Route(path, sum(graph.edges[h]["cost"] for h in hops),
+                         all(graph.edges[h]["is_default"] for h in hops)))
+    out.sort(key=lambda r: (r.cost, not r.is_default, len(r.path)))
+    return out
+
+
+Probe = Callable[[str], tuple[bool, str]]
+
+
+def mark_availability(rs: Iterable[Route], probe: Probe, unavailable: dict[str, str] | None = None) -> list[Route]:
+    """Fill Route.unavailable with every dataset on the route (but its end) that is down."""
+    cache: dict[str, tuple[bool, str]] = {k: (False, v) for k, v in (unavailable or {}).items()}
+    out = []
+    for r in rs:
+        r.unavailable = {}
+        for ds in r.path[:-1]:
+            if ds not in cache:
+                cache[ds] = probe(ds)
+            ok, why = cache[ds]
+            if not ok:
+                r.unavailable[ds] = why
+        out.append(r)
+    return out
+
+
+def choose(rs: list[Route]) -> Route | None:
+    """The default route while it is available, else the cheapest available one."""
+    for r in rs:
+        if r.is_default and r.available:
+            return r
+    return next((r for r in rs if r.available), None)
+
+
+def recovery_paths(graph: nx.DiGraph) -> list[DatasetRecoveryPath]:
+    rows = []
+    for ds in sorted(graph.nodes):
+        for i, r in enumerate(routes(graph, ds), start=1):
+            rows.append(DatasetRecoveryPath(dataset_id=ds, path_order=i, path_sequence=r.path, cost=r.cost))
+    return rows
+
+
+def sync(store, catalog: MetadataCatalog | None = None) -> dict[str, int]:
+    """Write every route into dataset_lineage and recompute dataset_recovery_paths (one transaction)."""
+    from lakehouse.metadata.store import TABLES
+
+    catalog = catalog or store.load()
+    edges = all_edges(catalog)
+    graph = build_graph(catalog)
+    paths = recovery_paths(graph)
+    lin_t, lin_json = TABLES["dataset_lineage"]
+    rp_t, rp_json = TABLES["dataset_recovery_paths"]
+    store.create_all()
+    with store.engine.begin() as conn:
+        conn.execute(sa.delete(lin_t).where(
+            sa.or_(lin_t.c.transform_name.like(STAGE_PREFIX + "%"), lin_t.c.transform_name.like(ALT_PREFIX + "%"))))
+        for e in edges:
+            store._upsert(conn, lin_t, lin_json, DatasetLineage, e)
+        conn.execute(sa.delete(rp_t))
+        for p in paths:
+            conn.execute(sa.insert(rp_t).values(**store._row(p, rp_json)))
+    return {"dataset_lineage": len(edges), "dataset_recovery_paths": len(paths)}

@@ -1,0 +1,311 @@
+"""Health probes per source kind and rerouting an extraction over the lineage graph.
+
+See docs/lineage.md ("Recovery API") for the contract the healing engine relies on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+from lakehouse.lineage.graph import Route, build_graph, choose, mark_availability, routes, sync
+from lakehouse.metadata.model import MetadataCatalog, Source
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from lakehouse.runner import Platform, StageRunner
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 5
+
+
+class NoRecoveryPath(RuntimeError):
+    """No route into the dataset has every dataset on it available."""
+
+    def __init__(self, message: str, routes: list[Route] | None = None):
+        super().__init__(message)
+        self.routes = routes or []
+
+
+class SourceUnavailable(OSError):
+    """A health probe said the source cannot be read now."""
+
+
+@dataclass
+class Reroute:
+    dataset_id: str
+    from_dataset_id: str | None
+    to_dataset_id: str
+    path: list[str]
+    cost: float
+    reason: str = ""
+    considered: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return self.from_dataset_id != self.to_dataset_id
+
+
+# --------------------------------------------------------------------------- probes
+
+
+def _settings_endpoint(platform: Platform, src: Source) -> str | None:
+    return platform.settings.s3_endpoint_url or src.endpoint_url
+
+
+def probe_source(platform: Platform, src: Source) -> tuple[bool, str]:
+    """(available, why): a cheap check that the source can be read right now."""
+    try:
+        if src.kind == "files":
+            from lakehouse.ingest.files import landing_root
+
+            root = landing_root(src, platform.settings.landing_dir)
+            if not root.is_dir():
+                return False, f"landing directory {root} does not exist"
+            if not os.access(root, os.R_OK | os.X_OK):
+                return False, f"landing directory {root} is not readable"
+            next(iter(os.scandir(root)), None)  # raises on an unreadable directory
+            return True, f"{root} readable"
+        if src.kind == "s3":
+            return _probe_s3(platform, src)
+        if src.kind == "jdbc":
+            return _probe_jdbc(platform, src)
+        if src.kind == "iceberg":
+            return probe_table(platform, src.table_identifier)
+    except Exception as exc:  # a probe reports, it never raises
+        return False, f"{type(exc).__name__}: {exc}"
+    return False, f"no probe for source kind {src.kind!r}"
+
+
+def _probe_s3(platform: Platform, src: Source) -> tuple[bool, str]:
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client(
+        "s3", endpoint_url=_settings_endpoint(platform, src),
+        config=Config(connect_timeout=PROBE_TIMEOUT_S, read_timeout=PROBE_TIMEOUT_S, retries={"max_attempts": 1}),
+    )
+    client.head_bucket(Bucket=src.bucket)
+    return True, f"s3://{src.bucket} reachable"
+
+
+def jdbc_url_of(src) -> str:
+    url = os.environ.get(src.jdbc_url_env) if src.jdbc_url_env else None
+    url = url or src.jdbc_url
+    if not url:
+        raise SourceUnavailable(f"{src.jdbc_url_env or 'jdbc_url'} is not set")
+    return url
+
+
+def _probe_jdbc(platform: Platform, src) -> tuple[bool, str]:
+    url = jdbc_url_of(src)
+    user = os.environ.get(src.user_env) if src.user_env else None
+    password = os.environ.get(src.password_env) if src.password_env else None
+    if url.startswith("jdbc:postgresql:"):
+        import psycopg2
+
+        parts = urlsplit(url[len("jdbc:"):])
+        params = {k: v[0] for k, v in parse_qs(parts.query).items()}
+        conn = psycopg2.connect(host=parts.hostname or "localhost", port=parts.port or 5432,
+                                dbname=(parts.path or "/").lstrip("/") or None,
+                                user=user or params.get("user"), password=password,
+                                connect_timeout=PROBE_TIMEOUT_S)
+        conn.close()
+        return True, f"connected to {parts.hostname}:{parts.port or 5432}"
+    jvm = platform.spark()._jvm  # any other driver: a real JDBC connection through the JVM
+    props = jvm.java.util.Properties()
+    if user:
+        props.setProperty("user", user)
+    if password:
+        props.setProperty("password", password)
+    jvm.java.sql.DriverManager.setLoginTimeout(PROBE_TIMEOUT_S)
+    jvm.java.sql.DriverManager.getConnection(url, props).close()
+    return True, "connected"
+
+
+def pyiceberg_catalog(platform: Platform):
+    shared = getattr(platform, "pyiceberg_catalog", None)
+    if shared is not None:
+        try:
+            return shared()
+        except ImportError:
+            pass
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    s = platform.settings
+    uri = s.catalog_uri
+    user, password = s.catalog_credentials()
+    if user and "@" not in uri and "://" in uri and not uri.startswith("sqlite"):
+        import sqlalchemy as sa
+
+        uri = sa.engine.make_url(uri).set(username=user, password=password).render_as_string(hide_password=False)
+    return SqlCatalog(s.catalog_name, uri=uri, warehouse=s.warehouse)
+
+
+def probe_table(platform: Platform, identifier: str) -> tuple[bool, str]:
+    """An Iceberg table is available as an upstream when it loads and has a current snapshot."""
+    try:
+        table = pyiceberg_catalog(platform).load_table(identifier)
+    except Exception as exc:
+        return False, f"table {identifier} does not load: {type(exc).__name__}: {exc}"
+    if table.current_snapshot() is None:
+        return False, f"table {identifier} has no snapshot yet"
+    return True, f"table {identifier} loads"
+
+
+def probe_dataset(platform: Platform, catalog: MetadataCatalog, dataset_id: str) -> tuple[bool, str]:
+    src = next((s for s in catalog.sources if s.source_id == dataset_id), None)
+    if src is not None:
+        return probe_source(platform, src)
+    tgt = next((t for t in catalog.targets if t.target_id == dataset_id), None)
+    if tgt is None:
+        return False, f"unknown dataset {dataset_id!r}"
+    if tgt.kind == "iceberg":
+        return probe_table(platform, tgt.identifier)
+    try:
+        return _probe_jdbc(platform, tgt)
+    except Exception as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+
+
+def resolve_source(catalog: MetadataCatalog, dataset_id: str) -> Source | None:
+    """What a stage reads for a dataset id: the source itself, or a target read as an Iceberg table."""
+    src = next((s for s in catalog.sources if s.source_id == dataset_id), None)
+    if src is not None:
+        return src
+    tgt = next((t for t in catalog.targets if t.target_id == dataset_id and t.kind == "iceberg"), None)
+    if tgt is not None:
+        return Source(source_id=dataset_id, kind="iceberg", table_identifier=tgt.identifier,
+                      description=f"target {dataset_id} read as a recovery upstream")
+    return None
+
+
+# --------------------------------------------------------------------------- routes
+
+
+def route_report(platform: Platform, dataset_id: str, catalog: MetadataCatalog | None = None,
+                 unavailable: dict[str, str] | None = None) -> tuple[list[Route], Route | None]:
+    """Every route into `dataset_id` with availability, and the one that would be used now."""
+    catalog = catalog or platform.catalog()
+    rs = routes(build_graph(catalog), dataset_id)
+    mark_availability(rs, lambda ds: probe_dataset(platform, catalog, ds), unavailable)
+    return rs, choose(rs)
+
+
+def is_source_error(exc: BaseException) -> bool:
+    """Errors that mean "the source cannot be read", as opposed to bad data or a bug."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    if names & {"OSError", "ClientError", "BotoCoreError", "OperationalError", "InterfaceError",
+                "EndpointConnectionError", "SourceUnavailable"}:
+        return True
+    if "Py4JJavaError" in names:
+        text = str(exc)
+        return any(s in text for s in ("SQLException", "ConnectException", "FileNotFoundException",
+                                       "PSQLException", "UnknownHostException", "AccessDeniedException"))
+    return False
+
+
+def _unpack(runner_or_platform) -> tuple[Platform, StageRunner | None]:
+    if hasattr(runner_or_platform, "stage") and hasattr(runner_or_platform, "platform"):
+        return runner_or_platform.platform, runner_or_platform
+    return runner_or_platform, None
+
+
+def reroute(runner_or_platform, dataset_id: str, *, failed: str | None = None,
+            error: BaseException | None = None, run_id: str | None = None) -> Reroute:
+    """Pick the cheapest available route into `dataset_id`, record it, and point the runner at it."""
+    platform, runner = _unpack(runner_or_platform)
+    catalog = runner.catalog if runner else platform.catalog()
+    run_id = run_id or (runner.run_id if runner else None)
+    current = None
+    if runner is not None:
+        current = getattr(runner, "source_override", None) or runner.stage.source_id
+    failed = failed or current
+    why = f"{type(error).__name__}: {error}" if error is not None else "reported unavailable"
+    rs, _ = route_report(platform, dataset_id, catalog, {failed: why} if failed else None)
+    chosen = next((r for r in rs if r.available and resolve_source(catalog, r.upstream or "") is not None), None)
+    considered = [{"path": r.path, "cost": r.cost, "default": r.is_default, "unavailable": r.unavailable}
+                  for r in rs]
+    audit = {"run_id": run_id, "dataset": dataset_id, "event": "reroute", "action": "switch_to_recovery_path",
+             "error_class": type(error).__name__ if error is not None else None}
+    if runner is not None:
+        audit.update(pipeline_id=runner.stage.pipeline_id, stage_name=runner.stage.stage_name)
+    if chosen is None:
+        lines = "; ".join(f"{r.as_text()} (cost {r.cost:g}): " + ", ".join(f"{k} {v}" for k, v in r.unavailable.items())
+                          for r in rs) or "no routes at all"
+        msg = f"no available route into {dataset_id!r} ({failed!r} is unavailable: {why}). Routes: {lines}"
+        platform.store.audit(**audit, outcome="no_route", message=msg,
+                             details={"from": failed, "considered": considered})
+        raise NoRecoveryPath(msg, rs)
+    decision = Reroute(dataset_id, current or failed, chosen.upstream, chosen.path, chosen.cost,
+                       reason=why, considered=considered)
+    msg = (f"{dataset_id}: {failed} unavailable ({why}); rerouted to {chosen.upstream} "
+           f"via {chosen.as_text()} (cost {chosen.cost:g})")
+    platform.store.audit(**audit, outcome="rerouted", message=msg,
+                         details={"from": decision.from_dataset_id, "to": decision.to_dataset_id,
+                                  "path": chosen.path, "cost": chosen.cost, "considered": considered})
+    log.warning(msg)
+    if runner is not None:
+        runner.source_override = chosen.upstream
+    try:
+        sync(platform.store, catalog)
+    except Exception:  # keeping the derived tables fresh must never block a recovery
+        log.exception("could not refresh dataset_recovery_paths")
+    return decision
+
+
+def active_reroute(platform: Platform, run_id: str | None, dataset_id: str) -> Reroute | None:
+    """The reroute already decided for this dataset in this run (retries and the load op reuse it)."""
+    if not run_id:
+        return None
+    for e in reversed(platform.store.audit_entries(run_id=run_id, event="reroute")):
+        if e.dataset == dataset_id and e.outcome == "rerouted":
+            d = e.details
+            return Reroute(dataset_id, d.get("from"), d["to"], d.get("path", []), float(d.get("cost", 0)),
+                           reason=e.message or "")
+    return None
+
+
+def has_alternative(catalog: MetadataCatalog, dataset_id: str, current: str | None) -> bool:
+    g = build_graph(catalog)
+    return dataset_id in g and any(p != current for p in g.predecessors(dataset_id))
+
+
+def extract_with_recovery(runner: StageRunner, plan: Callable[[], Any]) -> Any:
+    """Run the extract planning, rerouting first when the default upstream is down.
+
+    Only stages that read a source (not SQL stages) and have another route are rerouted;
+    without an alternative the stage behaves exactly as before (same errors, same skips).
+    """
+    st = runner.stage
+    if st.transformation or not st.source_id:
+        return plan()
+    active = active_reroute(runner.platform, runner.run_id, st.target_id)
+    if active is not None:
+        runner.source_override = active.to_dataset_id
+        return plan()
+    current = st.source_id
+    if not has_alternative(runner.catalog, st.target_id, current):
+        return plan()
+    src = runner.source
+    if src is not None:
+        ok, why = probe_source(runner.platform, src)
+        if not ok:
+            reroute(runner, st.target_id, failed=current, error=SourceUnavailable(why))
+            return plan()
+    try:
+        return plan()
+    except Exception as exc:
+        if not is_source_error(exc):
+            raise
+        reroute(runner, st.target_id, failed=runner.source_override or current, error=exc)
+        return plan()
+
+
+def reroute_dict(r: Reroute) -> dict[str, Any]:
+    return asdict(r)

@@ -1,0 +1,1 @@
+"""Throughput control: Dagster pools from throttles, a shared token bucket, scheduling profiles."""

@@ -1,0 +1,233 @@
+"""Write-audit-publish for one stage run: the write and audit halves of `StageRunner.load`.
+
+Every batch goes to the Iceberg branch `audit_<run_id>` of the target (rows failing a
+quarantine rule go to the same-named branch of the quarantine table), the rules run against
+the branch, and only `publish` moves `main`. Until then readers of `main` see nothing of
+this run: the only `main` change before publish is the empty first snapshot a brand-new
+table needs to branch from, and (policy `evolve`) new nullable columns in the table schema.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from lakehouse.iceberg import MAIN, IcebergTables, WriteResult, retry_metadata_commit
+from lakehouse.validation.rules import (
+    ActionCounts,
+    CheckOutcome,
+    RowPass,
+    SchemaDrift,
+    acting_rules,
+    evaluate_rules,
+    schema_drift,
+    split_rows,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from lakehouse.runner import Batch, StageRunner
+
+log = logging.getLogger(__name__)
+
+
+def align_to_table(df: DataFrame, table_schema) -> DataFrame:
+    """Add the table's columns the input lacks as typed NULLs (Iceberg writes resolve by name)."""
+    from pyspark.sql import functions as F
+
+    have = {c.lower() for c in df.columns}
+    for f in table_schema.fields:
+        if f.name.lower() not in have:
+            df = df.withColumn(f.name, F.lit(None).cast(f.dataType))
+    return df
+
+
+class AuditedWrite:
+    """One run's writes to one target, on its audit branch, until publish."""
+
+    def __init__(self, runner: StageRunner, tables: IcebergTables, branch: str, *, quarantine: bool = True):
+        self.runner = runner
+        self.tables = tables
+        self.branch = branch
+        self.target = runner.target
+        self.ident = self.target.identifier
+        self.rules = [r for r in runner.rules if r.enabled]
+        self.contracts = [r for r in self.rules if r.type == "schema_contract"]
+        self.quarantine_enabled = quarantine
+        self.created = False
+        self.fork_snapshot: int | None = None
+        self.appends_only = True
+        self.previous_rows = self._total_records(MAIN)
+        self.actions = ActionCounts() if acting_rules(self.rules) else None
+        self.drift: dict[str, SchemaDrift] = {}
+        self.quarantined_rows = 0
+        self._quarantine = None
+        self._batches = 0
+        self._handled = {r.name for r in acting_rules(self.rules)}
+        self.observed: dict[str, Any] | None = None  # RowPass metrics observed during the writes
+        self._observation_ok = True
+
+    # ------------------------------------------------------------------ write
+    def _total_records(self, branch: str) -> int | None:
+        if not self.tables.exists(self.ident):
+            return None
+        snap = self.tables.snapshot_id(self.ident, branch)
+        if snap is None:
+            return None
+        return int(self.tables.snapshot_summary(self.ident, snap).get("total-records", 0))
+
+    def _conform(self, df: DataFrame) -> DataFrame:
+        """Apply the schema contracts: evolve adds new columns to the table, freeze and fail keep
+        them off the branch (fail also fails the check). Without a contract the input is written
+        as is, and Iceberg rejects columns the table lacks."""
+        if not self.contracts:
+            return self._align(df)
+        for r in self.contracts:
+            self.drift.setdefault(r.name, SchemaDrift()).merge(schema_drift(df, r))
+        expected = {c.name.lower() for r in self.contracts for c in r.expected_columns}
+        evolve = any(r.schema_policy == "evolve" for r in self.contracts)
+        table_cols = ({f.name.lower() for f in self.tables.read(self.ident).schema.fields}
+                      if self.tables.exists(self.ident) else None)
+        added, ignored = [], []
+        for c in df.columns:
+            if c.startswith("_") or c.lower() in expected:
+                continue
+            if table_cols is not None and c.lower() in table_cols:
+                continue
+            (added if evolve else ignored).append(c)
+        if ignored:
+            df = df.drop(*ignored)
+        if added and table_cols is not None:
+            from pyspark.sql.types import StructType
+
+            new = StructType([f for f in df.schema.fields if f.name in added])
+            retry_metadata_commit(self.tables, self.ident, lambda: self.tables.add_missing_columns(self.ident, new))
+        for d in self.drift.values():
+            d.added.extend(c for c in added if c not in d.added)
+            d.ignored.extend(c for c in ignored if c not in d.ignored)
+        return self._align(df)
+
+    def _align(self, df: DataFrame) -> DataFrame:
+        if not self.tables.exists(self.ident):
+            return df
+        return align_to_table(df, self.tables.read(self.ident).schema)
+
+    def write(self, batch: Batch) -> WriteResult:
+        from pyspark import StorageLevel
+
+        df = self._conform(batch.df)
+        split = split_rows(df, self.rules, self.actions.errors if self.actions is not None else None)
+        tagged = split.tagged.persist(StorageLevel.MEMORY_AND_DISK) if split.tagged is not None else None
+        try:
+            if tagged is not None and self.actions is not None:
+                self.actions.add(tagged, self.rules)
+            if split.quarantine is not None and self.quarantine_enabled:
+                self.quarantined_rows += self._quarantine_writer().write(split.quarantine)
+            keep = split.keep
+            if not self.created:
+                def start_branch():
+                    self.tables.ensure_table(self.target, keep.schema)
+                    self.tables.create_branch(self.ident, self.branch)
+
+                retry_metadata_commit(self.tables, self.ident, start_branch)
+                self.fork_snapshot = self.tables.snapshot_id(self.ident, self.branch)
+                self.created = True
+            res, observation = self._write_branch(keep, batch)
+            if observation is None or res.rows_written == 0:
+                # nothing committed: Spark may have pruned the plan, and Observation.get would wait
+                # forever for metrics that never come; the audit counts on the branch instead
+                self._observation_ok = False
+            elif self._observation_ok:
+                self.observed = RowPass.merge(self.observed, observation.get)
+        finally:
+            if tagged is not None:
+                tagged.unpersist()
+        if res.operation != "append":
+            self.appends_only = False
+        return res
+
+    def _write_branch(self, keep: DataFrame, batch: Batch, attempts: int = 4):
+        """Append to the branch; the row-rule counts ride on the write (`DataFrame.observe`). A
+        commit that failed on a busy catalog is retried only if the branch head did not move
+        (so a commit that did land is never written twice)."""
+        from lakehouse.iceberg import _CONFLICT_MARKERS
+
+        for attempt in range(1, attempts + 1):
+            observation = None
+            frame = keep
+            if self.target.write_mode == "append":
+                from pyspark.sql import Observation
+
+                self._batches += 1
+                observation = Observation(f"audit_{self.branch}_{self._batches}")
+                frame = keep.observe(observation, *RowPass.plan(keep, self.rules, self._handled).aggregates())
+            head = self.tables.snapshot_id(self.ident, self.branch)
+            try:
+                res = self.tables.write(frame, self.target, branch=self.branch,
+                                        snapshot_properties=batch.snapshot_properties)
+                return res, observation
+            except Exception as exc:  # noqa: BLE001 - only a transient catalog failure is retried
+                text = str(exc)
+                if attempt == attempts or not any(m in text for m in _CONFLICT_MARKERS) \
+                        or self.tables.snapshot_id(self.ident, self.branch) != head:
+                    raise
+                log.warning("write to %s@%s hit a busy catalog (attempt %d), retrying: %s", self.ident,
+                            self.branch, attempt, text.splitlines()[0][:200])
+                time.sleep(0.5 * attempt)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _quarantine_writer(self):
+        if self._quarantine is None:
+            from lakehouse.validation.quarantine import QuarantineWriter
+
+            self._quarantine = QuarantineWriter(self.runner, self.tables, self.branch)
+        return self._quarantine
+
+    # ------------------------------------------------------------------ audit
+    def new_rows(self) -> DataFrame:
+        """The rows this run adds: an incremental read of the branch's own appends, or the whole
+        branch when a write replaced data (overwrite, merge)."""
+        head = self.tables.snapshot_id(self.ident, self.branch)
+        branch_df = self.tables.read(self.ident, self.branch)
+        if not self.appends_only:
+            return branch_df
+        if head is None or head == self.fork_snapshot:
+            return branch_df.limit(0)
+        reader = self.tables.spark.read.format("iceberg").option("end-snapshot-id", str(head))
+        if self.fork_snapshot is not None:
+            reader = reader.option("start-snapshot-id", str(self.fork_snapshot))
+        return reader.load(f"{self.tables.catalog}.{self.ident}")
+
+    def context(self) -> dict[str, Any]:
+        refs = {}
+        for r in self.rules:
+            if r.type == "referential_integrity" and r.ref_dataset:
+                cat = self.runner.catalog
+                ref = next((t for t in cat.targets if r.ref_dataset in (t.target_id, t.identifier if t.kind == "iceberg"
+                                                                         else None)), None)
+                if ref is not None and ref.kind == "iceberg" and self.tables.exists(ref.identifier):
+                    refs[r.ref_dataset] = self.tables.read(ref.identifier)
+        return {
+            "table": self.tables.read(self.ident, self.branch),
+            "previous_row_count": self.previous_rows,
+            "row_count_after": self._total_records(self.branch),
+            "ref_frames": refs,
+            "row_actions": self.actions,
+            "schema_drift": self.drift,
+            "observed": self.observed if self.appends_only and self._observation_ok else None,
+        }
+
+    def audit(self) -> list[CheckOutcome]:
+        return evaluate_rules(self.new_rows(), self.rules, context=self.context())
+
+    # ------------------------------------------------------------------ publish
+    def publish(self) -> int | None:
+        """Publish the data branch, then the quarantine branch; drop both. A crash in between
+        leaves the quarantine branch listed by `lakehouse branches list`, never lost."""
+        snap = self.tables.publish(self.ident, self.branch)
+        retry_metadata_commit(self.tables, self.ident, lambda: self.tables.drop_branch(self.ident, self.branch))
+        if self._quarantine is not None:
+            self._quarantine.publish()
+        return snap

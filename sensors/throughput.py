@@ -1,0 +1,37 @@
+"""Keeps the Dagster instance in step with throughput metadata, without a redeploy.
+
+Every evaluation syncs pool limits from `throttles` (max_concurrent) and re-tags QUEUED runs for
+the profile active now (`profiles` / `pipeline_profiles` / `profile_settings`). Running by default:
+it is the platform's own control loop, not an optional feature.
+"""
+
+from __future__ import annotations
+
+import os
+
+import dagster as dg
+
+from lakehouse.runner import Platform
+from lakehouse.throughput.pools import sync_instance
+from lakehouse.throughput.queue import retag_queued_runs
+
+SENSOR_NAME = "lakehouse_throughput_sync"
+
+
+def evaluate(instance: dg.DagsterInstance, platform: Platform) -> str:
+    pools = sync_instance(instance, platform.store.load())
+    retagged = retag_queued_runs(instance, platform.store)
+    return f"pools: {pools.summary()}; re-tagged {len(retagged)} queued run(s)"
+
+
+def build_throughput_sensor() -> dg.SensorDefinition:
+    @dg.sensor(
+        name=SENSOR_NAME,
+        description="Sync pool limits from throttles and re-tag queued runs for the active profile.",
+        minimum_interval_seconds=int(os.environ.get("LAKEHOUSE_THROUGHPUT_SENSOR_INTERVAL", "30")),
+        default_status=dg.DefaultSensorStatus.RUNNING,
+    )
+    def throughput_sync(context: dg.SensorEvaluationContext):
+        return dg.SkipReason(evaluate(context.instance, Platform.from_env()))
+
+    return throughput_sync

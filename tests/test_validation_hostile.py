@@ -1,0 +1,82 @@
+"""Hostile rules and identifiers: nothing in a rule can inject SQL. A statement, a subquery, an
+aggregate, a non-boolean or a parenthesis escape in an `expression` rule, and backticks or
+quotes in column names and values, either evaluate literally or fail the check with a clear
+reason; no other table is touched."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from lakehouse.metadata.model import Rule
+from lakehouse.validation.rules import RuleError, check_expression
+from tests.test_wap_helpers import ORDER_SCHEMA, apply, checks, land, land_customers, md, order, rows_of, run
+
+WEIRD = "we`ird 'col\""
+
+RULES = f"""
+- {{name: weird_present, type: not_null, columns: ['{WEIRD.replace("'", "''")}'], severity: warn}}
+- {{name: inject_statement, type: expression, expression: "true; DROP TABLE bronze.customers", severity: warn}}
+- {{name: inject_subquery, type: expression, expression: "customer_id IN (SELECT customer_id FROM bronze.customers)",
+   severity: warn}}
+- {{name: not_boolean, type: expression, expression: "amount + 1", severity: warn}}
+- {{name: aggregate, type: expression, expression: "sum(amount) > 0", severity: warn}}
+- {{name: paren_escape, type: expression, expression: "true) OR (true", severity: warn}}
+- {{name: hostile_column, type: not_null, columns: ["order_id` IS NOT NULL OR `status"], severity: warn}}
+- {{name: hostile_value, type: accepted_values, column: status, values: ["paid') OR ('1'='1"], severity: warn}}
+- {{name: hostile_regex_value, type: regex, column: email, pattern: "x' OR '1'='1", severity: warn}}
+- {{name: fine_expression, type: expression, expression: "amount >= 0 AND status <> 'x'", severity: error}}
+"""
+
+
+def test_hostile_rules_and_identifiers_do_not_inject(platform, tmp_path):
+    apply(platform, tmp_path, RULES)
+    land_customers(platform, ids=(1, 2))
+    assert run(platform, "customers_etl").success
+    schema = ORDER_SCHEMA.append(pa.field(WEIRD, pa.string()))
+    land(platform, "orders", "b1", [{**order(1), WEIRD: "x"}, {**order(2), WEIRD: None}, {**order(3), WEIRD: "y"}],
+         schema)
+    res = run(platform)
+    assert res.success  # every hostile rule is warn-only; the one error rule is fine and passes
+    ev = checks(res)
+
+    # a column whose name has backticks and quotes is just a column
+    assert (ev["weird_present"].passed, md(ev["weird_present"])["failed_rows"]) == (False, 1)
+    assert md(ev["weird_present"])["rule_expression"] == "`we``ird 'col\"` IS NOT NULL"
+    # values and patterns are literals: they match nothing, so every row fails
+    assert (ev["hostile_value"].passed, md(ev["hostile_value"])["failed_rows"]) == (False, 3)
+    assert (ev["hostile_regex_value"].passed, md(ev["hostile_regex_value"])["failed_rows"]) == (False, 3)
+    # a column name that tries to break out of its quotes is an unknown column
+    assert ev["hostile_column"].passed is False
+    assert "not in the dataset" in md(ev["hostile_column"])["message"]
+    reasons = {
+        "inject_statement": "must be one expression",
+        "inject_subquery": "not a statement or subquery",
+        "not_boolean": "not boolean",
+        "aggregate": "no aggregates",
+        "paren_escape": "does not parse",
+    }
+    for name, reason in reasons.items():
+        assert ev[name].passed is False, name
+        assert reason in md(ev[name])["message"], (name, md(ev[name])["message"])
+        assert name in md(ev[name])["message"]
+    assert ev["fine_expression"].passed is True
+
+    # nothing else was touched
+    assert sorted(r["customer_id"] for r in rows_of(platform, "bronze.customers")) == [1, 2]
+    assert sorted(r["order_id"] for r in rows_of(platform, "bronze.orders")) == [1, 2, 3]
+
+
+def test_check_expression_rejects_what_is_not_one_boolean_expression():
+    ok = ["amount > 0", "status IN ('a', 'b') AND coalesce(x, 0) < 5", "`we``ird` IS NULL"]
+    for e in ok:
+        assert check_expression(e) == e
+    bad = ["SELECT 1", "1; SELECT 2", "x IN (SELECT y FROM t)", "max(x) > 1", "row_number() OVER (ORDER BY x) = 1",
+           "DROP TABLE t", "a) OR (b", ""]
+    for e in bad:
+        try:
+            check_expression(e, "r")
+        except RuleError as exc:
+            assert "rule 'r'" in str(exc)
+        else:  # pragma: no cover - a failure message
+            raise AssertionError(f"accepted {e!r}")
+    assert Rule(name="r", type="expression", expression="a > 1").is_row_rule
