@@ -164,8 +164,14 @@ def ensure_table(platform: Platform, application_id: str, catalog: MetadataCatal
     from pyiceberg.transforms import IdentityTransform
 
     app = require_application(catalog or platform.catalog(), application_id)
-    cat = platform.pyiceberg_catalog()
     ident = table_identifier(app.application_id)
+    from lakehouse import spark as spark_mod
+
+    if spark_mod._SESSION is not None:
+        # a JVM is already up in this process: create through its catalog connection, since a second
+        # writer (PyIceberg) on an embedded SQLite catalog can find the database locked
+        return _ensure_table_spark(platform, app, ident)
+    cat = platform.pyiceberg_catalog()
     try:
         cat.create_namespace(NAMESPACE)
     except NamespaceAlreadyExistsError:
@@ -179,6 +185,22 @@ def ensure_table(platform: Platform, application_id: str, catalog: MetadataCatal
                                      "comment": f"raw extraction records of application {app.application_id}"})
     except TableAlreadyExistsError:
         return False
+    log.info("created %s for registered application %s", ident, app.application_id)
+    return True
+
+
+def _ensure_table_spark(platform: Platform, app: Application, ident: str) -> bool:
+    tables = platform.tables()
+    if tables.exists(ident):
+        return False
+    tables.ensure_namespace(NAMESPACE)
+    cols = ", ".join(f"{quote(c)} {t}{' NOT NULL' if req else ''}" for c, t, req in SCHEMA)
+    props = {"format-version": "2", "write.wap.enabled": "true",
+             "comment": f"raw extraction records of application {app.application_id}"}
+    platform.spark().sql(
+        f"CREATE TABLE IF NOT EXISTS {tables.qualified(ident)} ({cols}) USING iceberg "
+        f"PARTITIONED BY ({quote('typename')}) TBLPROPERTIES ("
+        + ", ".join(f"{sql_string(k)}={sql_string(v)}" for k, v in props.items()) + ")")
     log.info("created %s for registered application %s", ident, app.application_id)
     return True
 

@@ -295,7 +295,7 @@ class StageRunner:
         cat = self.platform.settings.catalog_name
         mapping = {}
         for ident, snap in plan.upstream_snapshots.items():
-            view = "__lh_" + ident.replace(".", "__") + "_" + self.run_id[:8]
+            view = "__lh_" + ident.replace(".", "__") + "_" + "".join(c if c.isalnum() else "_" for c in self.run_id[:8])
             reader = spark.read.format("iceberg")
             if snap is not None:
                 reader = reader.option("snapshot-id", str(snap))

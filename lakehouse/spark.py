@@ -40,6 +40,9 @@ def catalog_conf(settings: Settings) -> dict[str, str]:
         # Other processes (concurrent runs, PyIceberg) commit too: never serve a stale cached table.
         f"{cat}.cache-enabled": "false",
     }
+    if settings.catalog_jdbc_url.startswith("jdbc:sqlite:"):
+        # Concurrent runs commit to the embedded catalog: wait for SQLite's lock instead of failing after 3 s.
+        conf[f"{cat}.jdbc.busy_timeout"] = "30000"
     user, password = settings.catalog_credentials()
     if user:
         conf[f"{cat}.jdbc.user"] = user

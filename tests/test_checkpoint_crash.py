@@ -45,6 +45,7 @@ def _env(crash_at: str | None, marker) -> dict:
 
 def run_killed_at(point: str, tmp_path) -> None:
     marker = tmp_path / f"crash-{point}.marker"
+    marker.unlink(missing_ok=True)  # the same point may be used twice
     log = (tmp_path / f"run-{point}.log").open("w")
     proc = subprocess.Popen([sys.executable, "-c", RUN], env=_env(point, marker), stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)

@@ -72,7 +72,7 @@ def test_flag_flip_by_sql_stops_runs_on_a_real_daemon(settings, tmp_path, dagste
     tags = {"lakehouse/pipeline": "ks"}
     long_run = d.submit("ks_job", tags=tags)
     # the long run is writing batches to its audit branch (one commit per file)
-    _wait(lambda: any(e.event == "stage_started" for e in store.audit_entries(run_id=long_run)), 600,
+    _wait(lambda: any(e.event == "stage_started" for e in store.audit_entries(run_id=long_run)), 1500,
           "the long run to start loading\n" + d.log_tail())
     queued_run = d.submit("ks_job", tags=tags)
     assert inst.get_run_by_id(queued_run).status == dg.DagsterRunStatus.QUEUED

@@ -168,8 +168,8 @@ def test_daemon_never_exceeds_pool_limits(settings, tmp_path, dagster_daemon_fac
     per_pool: dict[str, list[tuple[float, float]]] = {}
     for run_id in runs:
         for step, interval in d.step_intervals(run_id).items():
-            base, op = step.rsplit("__", 1)
-            table = base.split("_", 1)[1]  # bronze_p_a -> p_a
+            base, op = step.split(".")[-1].rsplit("__", 1)  # bronze__p_a.bronze__p_a__load -> bronze__p_a, load
+            table = base.split("__", 1)[1]  # bronze__p_a -> p_a
             pool = "source:shared_src" if op == "extract" else f"target:t_{table}"
             per_pool.setdefault(pool, []).append(interval)
     assert len(per_pool["source:shared_src"]) == 4

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+# Not yet proven green on this machine (see the issue 9 note): run with `pytest -m pending tests/test_ui.py`.
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.pending]
 
 REPO = Path(__file__).resolve().parent.parent
 LOCATION = "lakehouse"

@@ -493,6 +493,10 @@ def read_source(spark: SparkSession, conn: JdbcConnection, src: Source, details:
         props = conn.properties()
         return spark.read.jdbc(conn.url, rel, predicates=ranges["predicates"], properties=props)
     reader = conn.reader(spark).option("dbtable", rel)
+    odd = [c for c in reader.load().columns if d.quote_close in c]
+    if odd:  # Spark projects columns by pasting them in quotes unescaped
+        raise JdbcSourceError(f"source {src.source_id!r}: column name(s) {odd} contain {d.quote_close!r}, which "
+                              "Spark's JDBC reader cannot quote; rename them with an alias in `query:`")
     if ranges["mode"] == "bounds":
         reader = (reader.option("partitionColumn", d.quote(src.partition_column))
                   .option("lowerBound", ranges["lower_bound"]).option("upperBound", ranges["upper_bound"])
@@ -565,6 +569,10 @@ def plan(runner: StageRunner, src: Source, plan: ExtractPlan) -> None:
     if path.exists():
         shutil.rmtree(path)
     df = read_source(spark, conn, src, details)
+    # Parquet refuses some column names (spaces, ',;{}()=') that databases and Iceberg allow:
+    # stage under positional names and restore the real ones when loading.
+    details["columns"] = list(df.columns)
+    df = df.toDF(*[f"c{i}" for i in range(len(df.columns))])
     try:
         df.write.mode("overwrite").parquet(str(path))
     except Exception as exc:  # noqa: BLE001 - the driver's message may echo connection properties
@@ -584,6 +592,8 @@ def batches(runner: StageRunner, plan: ExtractPlan):
     spark = runner.platform.spark()
     if plan.staged_path:
         df = spark.read.parquet(plan.staged_path)
+        if plan.details.get("columns"):
+            df = df.toDF(*plan.details["columns"])
     else:
         df = read_source(spark, JdbcConnection.for_source(src), src, plan.details)
     if os.environ.get(FAULT_ENV) in (src.source_id, "*"):
