@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from lakehouse.settings import Settings
+from lakehouse.sqlite_files import BUSY_TIMEOUT_S, prepare_sqlite
 
 _CACHE: dict[tuple, object] = {}
 _LOCK = threading.Lock()
@@ -20,6 +21,9 @@ def pyiceberg_catalog(settings: Settings):
         from sqlalchemy.engine import make_url
 
         uri = make_url(uri).set(username=user, password=password).render_as_string(hide_password=False)
+    if uri.startswith("sqlite:///"):
+        prepare_sqlite(uri)
+        uri += ("&" if "?" in uri else "?") + f"timeout={BUSY_TIMEOUT_S}"  # wait for a writer, not 5 s
     key = (settings.catalog_name, settings.catalog_uri, settings.warehouse)
     with _LOCK:
         if key not in _CACHE:

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 from lakehouse.settings import Settings
+from lakehouse.sqlite_files import prepare_sqlite
 
 _LOCK = threading.Lock()
 _SESSION = None  # the process-wide session
@@ -121,8 +122,7 @@ def _ensure_catalog(spark, settings: Settings) -> None:
 def _prepare_local_dirs(settings: Settings) -> None:
     if settings.warehouse_path is not None:
         settings.warehouse_path.mkdir(parents=True, exist_ok=True)
-    if settings.catalog_uri.startswith("sqlite:///"):
-        Path(settings.catalog_uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    prepare_sqlite(settings.catalog_uri)
 
 
 def stop_spark() -> None:

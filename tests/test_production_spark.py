@@ -18,8 +18,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from lakehouse.demo import expected_daily
 from tests.fixtures.dagster_dev import REPO, free_port, lakehouse_cli, platform_env, stop_process_group
 
-# Not yet run green here (see the issue 9 note): run with `pytest -m pending tests/test_production_spark.py`.
-pytestmark = [pytest.mark.slow, pytest.mark.pending]
+pytestmark = [pytest.mark.slow]
 
 SPARK_HOME = Path(pyspark.__file__).parent
 

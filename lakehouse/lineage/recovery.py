@@ -129,22 +129,9 @@ def _probe_jdbc(platform: Platform, src) -> tuple[bool, str]:
 
 
 def pyiceberg_catalog(platform: Platform):
-    shared = getattr(platform, "pyiceberg_catalog", None)
-    if shared is not None:
-        try:
-            return shared()
-        except ImportError:
-            pass
-    from pyiceberg.catalog.sql import SqlCatalog
+    from lakehouse.catalog import pyiceberg_catalog as shared
 
-    s = platform.settings
-    uri = s.catalog_uri
-    user, password = s.catalog_credentials()
-    if user and "@" not in uri and "://" in uri and not uri.startswith("sqlite"):
-        import sqlalchemy as sa
-
-        uri = sa.engine.make_url(uri).set(username=user, password=password).render_as_string(hide_password=False)
-    return SqlCatalog(s.catalog_name, uri=uri, warehouse=s.warehouse)
+    return shared(platform.settings)
 
 
 def probe_table(platform: Platform, identifier: str) -> tuple[bool, str]:

@@ -12,7 +12,6 @@ import types
 import typing
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import sqlalchemy as sa
@@ -20,6 +19,7 @@ from pydantic import BaseModel
 
 from lakehouse.metadata.loader import LoadedMetadata, Origin, build_catalog
 from lakehouse.metadata.model import SECTIONS, AuditLogEntry, ControlFlag, Entity, MetadataCatalog
+from lakehouse.sqlite_files import BUSY_TIMEOUT_S, prepare_sqlite
 
 metadata_obj = sa.MetaData()
 
@@ -104,8 +104,8 @@ class MetadataStore:
         self.url = url
         if url not in self._engines:
             if url.startswith("sqlite:///"):
-                Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-                engine = sa.create_engine(url, connect_args={"timeout": 30})
+                prepare_sqlite(url)
+                engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S})
             else:
                 engine = sa.create_engine(url, pool_pre_ping=True)
             self._engines[url] = engine

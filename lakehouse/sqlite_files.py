@@ -1,0 +1,38 @@
+"""The embedded SQLite databases (catalog, control DB), shared by several processes at once.
+
+In SQLite's default rollback-journal mode a reader with an open statement blocks a writer's commit,
+so a Dagster code server evaluating a schedule, a run's PyIceberg reads and a run's Spark catalog
+can starve each other into `database is locked`. Write-ahead logging lets readers and the one
+writer proceed together; the setting is persistent in the file, so setting it once is enough.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+BUSY_TIMEOUT_S = 30
+_DONE: set[Path] = set()
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file behind a `sqlite:///` or `jdbc:sqlite:` URL; None for any other database."""
+    for prefix in ("sqlite:///", "jdbc:sqlite:"):
+        if url.startswith(prefix):
+            path = url[len(prefix):].split("?", 1)[0]
+            return None if path in ("", ":memory:") else Path(path)
+    return None
+
+
+def prepare_sqlite(url: str) -> None:
+    """Create the file's folder and switch the database to WAL (idempotent, once per process)."""
+    path = sqlite_path(url)
+    if path is None or path in _DONE:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+    finally:
+        conn.close()
+    _DONE.add(path)
