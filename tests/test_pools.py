@@ -144,9 +144,11 @@ def test_pools_show_and_sync_cli(settings, tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.timeout(1200)
-def test_daemon_never_exceeds_pool_limits(settings, tmp_path, dagster_daemon_factory):
+def test_daemon_never_exceeds_pool_limits(settings, tmp_path, dagster_daemon_factory, postgres_server, postgres_db):
     """Four runs (3 pipelines on one source; two runs of p_a on one target), up to three at a time,
-    through the real Definitions (step bodies hold their slot for 15 s: tests/test_pools_codeloc.py)."""
+    through the real Definitions (step bodies hold their slot for 15 s: tests/test_pools_codeloc.py),
+    on PostgreSQL instance storage as in production (deploy/dagster.yaml): Dagster's SQLite storage
+    can hand one slot to two steps that claim it in the same instant."""
     platform = Platform.from_env()
     pipelines = {"p_a": "normal", "p_b": "normal", "p_c": "normal"}
     apply(platform, throughput_metadata(pipelines, [
@@ -158,7 +160,8 @@ def test_daemon_never_exceeds_pool_limits(settings, tmp_path, dagster_daemon_fac
     # all three runs start at once, so their steps really compete for the pools' slots
     d = dagster_daemon_factory(max_concurrent_runs=3, default_pool_limit=4, start=False, module=CODELOC,
                                block_op_concurrency_limited_runs=False,
-                               extra_env={"LAKEHOUSE_TEST_STEP_SECONDS": "15"})
+                               extra_env={"LAKEHOUSE_TEST_STEP_SECONDS": "15"},
+                               storage_url=postgres_server.sqlalchemy_url(postgres_db, driver="psycopg2"))
     sync_instance(d.instance, platform.store.load())  # what `metadata apply` does with DAGSTER_HOME set
     runs = [d.submit(f"{p}_job", {"lakehouse/pipeline": p}) for p in ("p_a", "p_b", "p_a", "p_c")]
     d.start()
