@@ -195,8 +195,22 @@ class IcebergTables:
             raise ValueError("refusing to drop the main branch")
         self.spark.sql(f"ALTER TABLE {self.qualified(identifier)} DROP BRANCH IF EXISTS {quote(branch)}")
 
-    def read(self, identifier: str, branch: str = MAIN) -> DataFrame:
-        return self.spark.table(self.qualified(identifier, branch))
+    def read(self, identifier: str, branch: str = MAIN, attempts: int = 4) -> DataFrame:
+        """The table (or one branch of it) as a DataFrame.
+
+        A branch this process just created was once (1 in ~160 test runs, two writers on one
+        SQLite catalog) reported missing by Spark; the load is retried a few times, with a
+        warning, before that error is believed.
+        """
+        for attempt in range(1, attempts + 1):
+            try:
+                return self.spark.table(self.qualified(identifier, branch))
+            except Exception as exc:  # noqa: BLE001 - only a missing branch is retried
+                if branch == MAIN or attempt == attempts or "Cannot use branch" not in str(exc):
+                    raise
+                log.warning("%s: branch %s not found on load %d, reloading the table", identifier, branch, attempt)
+                time.sleep(0.25 * attempt)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     # ------------------------------------------------------------------ writes
     def write(
