@@ -68,11 +68,12 @@ def cmd_metadata(args) -> int:
 # ---------------------------------------------------------------- runs
 def cmd_run(args) -> int:
     """Materialize a pipeline headless through the same Definitions the UI loads."""
+    platform = Platform.from_env()
+    platform.warm_spark()  # the JVM starts on the other core while Dagster is imported and the job is built
     import dagster as dg
 
     from lakehouse_assets.definitions import build_definitions
 
-    platform = Platform.from_env()
     defs = build_definitions(platform)
     job = defs.resolve_job_def(f"{args.pipeline}_job")
     instance = dg.DagsterInstance.get() if _dagster_home() else dg.DagsterInstance.ephemeral()

@@ -9,6 +9,7 @@ control database on every call, so a metadata update applies to the next step wi
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -57,6 +58,20 @@ class Platform:
         from lakehouse.spark import get_spark
 
         return get_spark(self.settings)
+
+    def warm_spark(self) -> threading.Thread:
+        """Start the process's SparkSession in the background (a cold JVM takes seconds);
+        the first `spark()` call waits for it. A failure here is left for that call to raise."""
+
+        def start() -> None:
+            try:
+                self.spark()
+            except Exception:  # noqa: BLE001 - reported by the caller's own spark() call
+                log.debug("background Spark start failed", exc_info=True)
+
+        thread = threading.Thread(target=start, name="spark-warmup", daemon=True)
+        thread.start()
+        return thread
 
     def tables(self) -> IcebergTables:
         return IcebergTables(self.spark(), self.settings.catalog_name, self.pyiceberg_catalog())

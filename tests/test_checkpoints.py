@@ -98,3 +98,26 @@ def test_checkpoint_table_incremental_sync_rebuild_and_cli(events, monkeypatch, 
     assert "e3.jsonl" in shown and "{'processed': 4}" in shown
     assert cli_main(["checkpoints", "show", "nope.missing"]) == 2
     assert "no Iceberg table 'nope.missing'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lineage", [True, False])
+def test_lineage_columns_are_per_source(platform, tmp_path, unique_ns, lineage):
+    """`lineage_columns: false` writes the files' own columns only; checkpoints work the same."""
+    ns = f"{unique_ns}{int(lineage)}"
+    f = tmp_path / "events.yaml"
+    f.write_text(META.format(ns=ns).replace("max_files_per_run: 2}", f"max_files_per_run: 2, lineage_columns: {str(lineage).lower()}}}"))
+    platform.store.apply(load_metadata(f))
+    landing = platform.settings.landing_dir / "events"
+    landing.mkdir(parents=True)
+    name = "only.jsonl"
+    land(landing, name, n=3)
+    r = StageRunner(platform, "events", "ingest")
+    r.load(r.extract())
+    table = platform.pyiceberg_catalog().load_table(f"b_{ns}.events").scan().to_arrow()
+    assert table.num_rows == 3
+    if lineage:
+        assert set(table.column_names) == {"id", "v", "_source_file", "_ingested_at"}
+        assert set(table.column("_source_file").to_pylist()) == {(landing / name).resolve().as_uri()}
+    else:
+        assert set(table.column_names) == {"id", "v"}
+    assert [row["file_key"] for row in Checkpoints(platform, f"b_{ns}.events").rows()] == [name]

@@ -200,3 +200,26 @@ def test_metadata_reference_doc_is_current():
 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "metadata-reference.md").read_text()
     assert doc.strip() == render().strip(), "run: lakehouse metadata reference > docs/metadata-reference.md"
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_control_db_from_before_a_new_field_is_upgraded_in_place(tmp_path, engine, request):
+    """A model field added by an upgrade becomes a column of an existing control DB on first use;
+    rows already there read as the field's default, and nothing else changes."""
+    if engine == "sqlite":
+        url = f"sqlite:///{tmp_path / 'control.db'}"
+    else:
+        server = request.getfixturevalue("postgres_server")
+        url = server.sqlalchemy_url(server.create_database())
+    store = MetadataStore(url)
+    store.apply(load_metadata(write(tmp_path, BASE)))
+    with store.engine.begin() as conn:  # the database as an older release left it
+        conn.execute(sa.text("ALTER TABLE sources DROP COLUMN lineage_columns"))
+        conn.execute(sa.text("UPDATE sources SET batch_files = 7 WHERE source_id = 'raw'"))
+    MetadataStore._ready.discard(str(store.engine.url))  # a new process
+
+    src = MetadataStore(url).load().source("raw")
+    assert src.lineage_columns is True and src.batch_files == 7
+    assert "lineage_columns" in {c["name"] for c in sa.inspect(store.engine).get_columns("sources")}
+    store.apply(load_metadata(write(tmp_path, BASE.replace("path: raw}", "path: raw, lineage_columns: false}"))))
+    assert store.load().source("raw").lineage_columns is False

@@ -340,6 +340,8 @@ def read_batch(runner: StageRunner, spark: SparkSession, source: Source, chunk: 
     if not good:
         return None, checked, []
     df = read_files(spark, source, good)
+    if not source.lineage_columns:
+        return df, checked, []
     staged = {f.local_path: f for f in good if f.local_path and f.local_path != f.key and "://" not in f.local_path}
     if staged and source.kind == "s3":
         # staged copies have opaque names: report the S3 object each row came from

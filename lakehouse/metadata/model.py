@@ -152,6 +152,11 @@ class Source(Entity):
     max_files_per_run: int = Field(default=1000, ge=1)
     max_bytes_per_run: int = Field(default=10 * 1024**3, ge=1)
     download_threads: int = Field(default=8, ge=1, le=64)
+    lineage_columns: bool = Field(
+        default=True,
+        description="add `_source_file` (the file each row came from) and `_ingested_at` to every row; "
+        "two more columns to encode cost about 25% of a plain append's time",
+    )
     # jdbc
     jdbc_url: str | None = None
     jdbc_url_env: str | None = Field(default=None, description="env var holding the JDBC URL (takes precedence)")

@@ -91,6 +91,36 @@ audit_log = sa.Table(
 )
 
 
+def add_missing_columns(engine: sa.Engine, meta: sa.MetaData) -> list[str]:
+    """ALTER TABLE ... ADD COLUMN (through Alembic's operations, which quote names) for every
+    nullable column of `meta` an existing table lacks. Existing rows get NULL, which `load`
+    reads as the field's default. Returns `table.column` for each column added."""
+    from alembic.migration import MigrationContext
+    from alembic.operations import Operations
+
+    added: list[str] = []
+    inspector = sa.inspect(engine)
+    for table in meta.sorted_tables:
+        if not inspector.has_table(table.name):
+            continue
+        have = {c["name"] for c in inspector.get_columns(table.name)}
+        for col in table.columns:
+            if col.name in have or not col.nullable:
+                continue
+            try:
+                with engine.begin() as conn:
+                    Operations(MigrationContext.configure(conn)).add_column(table.name, sa.Column(col.name, col.type, nullable=True))
+                added.append(f"{table.name}.{col.name}")
+            except sa.exc.DBAPIError:  # another process added it first
+                if col.name not in {c["name"] for c in sa.inspect(engine).get_columns(table.name)}:
+                    raise
+    if added:
+        import logging
+
+        logging.getLogger(__name__).info("control DB: added column(s) for new model fields: %s", ", ".join(added))
+    return added
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -114,8 +144,18 @@ class MetadataStore:
     def __repr__(self) -> str:  # never print credentials embedded in a URL
         return f"MetadataStore({self.engine.url.render_as_string(hide_password=True)})"
 
+    _ready: set[str] = set()
+
     def create_all(self) -> None:
+        """Create missing tables, and add the columns of model fields newer than the database
+        (an upgrade that adds an optional field must not break an existing control DB). Once
+        per database per process."""
+        key = str(self.engine.url)
+        if key in self._ready:
+            return
         metadata_obj.create_all(self.engine)
+        add_missing_columns(self.engine, metadata_obj)
+        self._ready.add(key)
 
     # ------------------------------------------------------------------ read
     def load(self) -> MetadataCatalog:
