@@ -79,7 +79,7 @@ def main() -> None:
     ap.add_argument("--fetchsize", type=int, default=10_000)
     ap.add_argument("--master", default=os.environ.get("LAKEHOUSE_SPARK_MASTER", "local[2]"))
     ap.add_argument("--repeat", type=int, default=1, help="runs per variant (best is reported)")
-    ap.add_argument("--reuse-table", action="store_true", help="skip generation if bench_facts exists")
+    ap.add_argument("--url-params", default="", help="JDBC URL parameters for both sides, e.g. prepareThreshold=-1")
     args = ap.parse_args()
 
     from tests.fixtures.postgres import start_postgres
@@ -99,7 +99,8 @@ def main() -> None:
         from lakehouse.spark import get_spark
 
         spark = get_spark(load_settings(), app_name="bench-jdbc")
-        common = dict(source_id="bench", kind="jdbc", jdbc_url=server.jdbc_url(dbname), table="public.bench_facts",
+        common = dict(source_id="bench", kind="jdbc", jdbc_url=server.jdbc_url(dbname) + (f"?{args.url_params}" if args.url_params else ""),
+                      table="public.bench_facts",
                       user_env="BENCH_PG_USER", password_env="BENCH_PG_PASSWORD", fetchsize=args.fetchsize,
                       partition_size_rows=args.partition_size, max_partitions=args.max_partitions)
         single_src = Source(**common)

@@ -185,10 +185,22 @@ class IcebergTables:
     def create_branch(self, identifier: str, branch: str) -> None:
         """Branch from main's current snapshot; an empty table first gets an empty main snapshot."""
         if self.snapshot_id(identifier, MAIN) is None:
-            # Branches need a snapshot to point at: commit an empty append so main exists.
-            empty = self.spark.table(self.qualified(identifier)).limit(0)
-            empty.writeTo(self.qualified(identifier)).append()
+            # Branches need a snapshot to point at. One Iceberg transaction (Java API, no Spark
+            # job) gives main an empty snapshot and puts the branch on it: a single catalog commit.
+            table = self.java_table(identifier)
+            txn = table.newTransaction()
+            txn.newFastAppend().commit()
+            txn.manageSnapshots().createBranch(branch, txn.table().currentSnapshot().snapshotId()).commit()
+            txn.commitTransaction()
+            return
         self.spark.sql(f"ALTER TABLE {self.qualified(identifier)} CREATE BRANCH IF NOT EXISTS {quote(branch)}")
+
+    def java_table(self, identifier: str):
+        """The org.apache.iceberg.Table Spark's catalog loads for `identifier` (metadata operations
+        Spark SQL has no statement for)."""
+        jvm = self.spark.sparkContext._jvm
+        return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(self.spark._jsparkSession,
+                                                                         self.qualified(identifier))
 
     def drop_branch(self, identifier: str, branch: str) -> None:
         if branch == MAIN:

@@ -60,12 +60,16 @@ class Platform:
         return get_spark(self.settings)
 
     def warm_spark(self) -> threading.Thread:
-        """Start the process's SparkSession in the background (a cold JVM takes seconds);
-        the first `spark()` call waits for it. A failure here is left for that call to raise."""
+        """Start the process's SparkSession and its Iceberg catalog in the background (a cold JVM
+        takes seconds); the first `spark()` call waits for the session. A failure here is left
+        for that call to raise."""
 
         def start() -> None:
             try:
-                self.spark()
+                from lakehouse.iceberg import quote
+
+                # the first statement initializes Spark SQL and the Iceberg catalog: seconds more
+                self.spark().sql(f"SHOW NAMESPACES IN {quote(self.settings.catalog_name)}").collect()
             except Exception:  # noqa: BLE001 - reported by the caller's own spark() call
                 log.debug("background Spark start failed", exc_info=True)
 
