@@ -47,11 +47,23 @@ def generate(server, dbname: str, rows: int) -> float:
     return time.monotonic() - t0
 
 
+def busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy so far (/proc/stat): Spark and PostgreSQL together."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+BUSY: dict[int, float] = {}  # id(src) -> cores busy during its last read
+
+
 def timed_read(spark, conn, src: Source, details: dict) -> tuple[float, int]:
     df = jdbc.read_source(spark, conn, src, details)
-    t0 = time.monotonic()
+    t0, b0 = time.monotonic(), busy_seconds()
     df.write.format("noop").mode("overwrite").save()
-    return time.monotonic() - t0, df.rdd.getNumPartitions()
+    elapsed = time.monotonic() - t0
+    BUSY[id(src)] = (busy_seconds() - b0) / elapsed
+    return elapsed, df.rdd.getNumPartitions()
 
 
 def range_shares(server, dbname: str, column: str, predicates: list[str], total: int) -> list[float]:
@@ -134,14 +146,17 @@ def main() -> None:
         quant_share = max(range_shares(server, dbname, "k", r_quant["predicates"], rows))
 
         print()
-        print(f"{'variant':48} {'partitions':>10} {'seconds':>9} {'rows/s':>12} {'speed-up':>9}")
-        for name, n, t in [
-            ("single query", 1, t_single),
-            ("partitioned on id (uniform, Spark ranges)", n_uni, t_uni),
-            ("partitioned on k (skewed, Spark stride ranges)", n_stride, t_stride),
-            (f"partitioned on k (skewed, quantile ranges; plan {plan_s:.1f}s)", n_quant, t_quant),
+        print(f"{'variant':48} {'partitions':>10} {'seconds':>9} {'rows/s':>12} {'speed-up':>9} {'cores busy':>10}")
+        for name, n, t, src in [
+            ("single query", 1, t_single, single_src),
+            ("partitioned on id (uniform, Spark ranges)", n_uni, t_uni, uni_src),
+            ("partitioned on k (skewed, Spark stride ranges)", n_stride, t_stride, sk_stride),
+            (f"partitioned on k (skewed, quantile ranges; plan {plan_s:.1f}s)", n_quant, t_quant, sk_quant),
         ]:
-            print(f"{name:48} {n:>10} {t:>9.2f} {rows / t:>12,.0f} {t_single / t:>8.2f}x")
+            print(f"{name:48} {n:>10} {t:>9.2f} {rows / t:>12,.0f} {t_single / t:>8.2f}x {BUSY[id(src)]:>10.2f}")
+        cores = os.cpu_count() or 1
+        print(f"\nthe single query keeps {BUSY[id(single_src)]:.2f} of {cores} cores busy (Spark and PostgreSQL "
+              f"together), so no split can beat {cores / BUSY[id(single_src)]:.2f}x on this machine")
         print()
         print(f"largest range share on skewed k: Spark stride split {stride_share:.1%} of rows "
               f"(ideal {1 / r_stride['num_partitions']:.1%}); quantile split {quant_share:.1%} "
