@@ -8,6 +8,7 @@ fields. `apply` merges by key in a single transaction after validating the merge
 from __future__ import annotations
 
 import json
+import logging
 import types
 import typing
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ from lakehouse.metadata.loader import LoadedMetadata, Origin, build_catalog
 from lakehouse.metadata.model import SECTIONS, AuditLogEntry, ControlFlag, Entity, MetadataCatalog
 from lakehouse.sqlite_files import BUSY_TIMEOUT_S, prepare_sqlite
 
+log = logging.getLogger(__name__)
 metadata_obj = sa.MetaData()
 
 
@@ -115,9 +117,7 @@ def add_missing_columns(engine: sa.Engine, meta: sa.MetaData) -> list[str]:
                 if col.name not in {c["name"] for c in sa.inspect(engine).get_columns(table.name)}:
                     raise
     if added:
-        import logging
-
-        logging.getLogger(__name__).info("control DB: added column(s) for new model fields: %s", ", ".join(added))
+        log.info("control DB: added column(s) for new model fields: %s", ", ".join(added))
     return added
 
 
