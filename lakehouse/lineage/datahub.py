@@ -129,10 +129,8 @@ def schema_aspect(name: str, platform: str, columns: list[tuple[str, str, bool]]
 
 def iceberg_columns(platform: Platform, identifier: str) -> list[tuple[str, str, bool]]:
     """(name, type, nullable) of an Iceberg table, read with PyIceberg (no Spark job)."""
-    from lakehouse.lineage.recovery import pyiceberg_catalog
-
     try:
-        schema = pyiceberg_catalog(platform).load_table(identifier).schema()
+        schema = platform.pyiceberg_catalog().load_table(identifier).schema()
     except Exception:
         return []
     return [(f.name, str(f.field_type), not f.required) for f in schema.fields]

@@ -128,16 +128,10 @@ def _probe_jdbc(platform: Platform, src) -> tuple[bool, str]:
     return True, "connected"
 
 
-def pyiceberg_catalog(platform: Platform):
-    from lakehouse.catalog import pyiceberg_catalog as shared
-
-    return shared(platform.settings)
-
-
 def probe_table(platform: Platform, identifier: str) -> tuple[bool, str]:
     """An Iceberg table is available as an upstream when it loads and has a current snapshot."""
     try:
-        table = pyiceberg_catalog(platform).load_table(identifier)
+        table = platform.pyiceberg_catalog().load_table(identifier)
     except Exception as exc:
         return False, f"table {identifier} does not load: {type(exc).__name__}: {exc}"
     if table.current_snapshot() is None:
