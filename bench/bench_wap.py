@@ -1,17 +1,23 @@
 """Cost of the audit path: write-audit-publish with checks vs a direct append.
 
     .venv/bin/python bench/bench_wap.py                 # 1M rows, 3 rounds
-    .venv/bin/python bench/bench_wap.py --rows 5000000 --rounds 5
+    .venv/bin/python bench/bench_wap.py --rows 10000000 --configs stats,rules,regex --rounds 5
 
 One process, one SparkSession, the same parquet input for both sides, fresh tables per round,
 sides alternated so neither always runs on a warmer JVM:
   * direct: read the files, append to an Iceberg table's main (what a hand-written job does);
   * wap:    `StageRunner.write_audit_publish` on the same frame: audit branch, the rule set
-            below evaluated on the branch (one aggregation pass for the row rules), check
-            history rows, kill-switch re-check, fast-forward publish, branch dropped.
-Prints each timing and the median ratio wap / direct (goal <= 1.15), for the rule set without
-and with a `unique` rule (a full shuffle of the table, reported separately because its cost
-grows with the table, not with the audit path).
+            below evaluated for the new rows, check history rows, kill-switch re-check,
+            fast-forward publish, branch dropped.
+Prints each timing and the median ratio wap / direct (goal <= 1.15) per rule set (`--configs`):
+  * stats:  row count, not-null, range, freshness, row-count change: all answered from the new
+            files' Iceberg statistics, nothing evaluated per row;
+  * rules:  stats + accepted values and a SQL expression, counted on the rows as they are
+            written (`DataFrame.observe`);
+  * regex:  rules + a regex on every row (Java regex per row: its own cost, reported apart);
+  * unique: rules + a `unique` rule (a full shuffle of the table, whose cost grows with the
+            table, not with the audit path).
+and, per rule, where its count came from (file statistics, observed on write, or the rows).
 """
 
 from __future__ import annotations
@@ -29,16 +35,22 @@ validation_rules:
     rules:
       - {name: not_empty, type: row_count, min: 1, severity: error}
       - {name: id_present, type: not_null, columns: [event_id, user_id], severity: error}
-      - {name: known_type, type: accepted_values, column: event_type, values: [view, click, purchase, signup],
-         severity: warn}
       - {name: amount_range, type: range, column: amount, min: 0, max: 100000, severity: error}
-      - {name: country_code, type: regex, column: country, pattern: "^[A-Z]{2}$", severity: warn}
-      - {name: sane, type: expression, expression: "amount >= 0 OR event_type <> 'purchase'", severity: warn}
       - {name: fresh, type: freshness, column: event_ts, max_age_seconds: 315360000, severity: warn}
       - {name: growth, type: row_count_change, max_change_pct: 100000, severity: warn}
 %s
 """
-UNIQUE = "      - {name: event_id_unique, type: unique, columns: [event_id], severity: error}"
+ROW_RULES = """
+      - {name: known_type, type: accepted_values, column: event_type, values: [view, click, purchase, signup],
+         severity: warn}
+      - {name: sane, type: expression, expression: "amount >= 0 OR event_type <> 'purchase'", severity: warn}"""
+EXTRA = {
+    "stats": "",
+    "rules": ROW_RULES,
+    "regex": ROW_RULES + '\n      - {name: country_code, type: regex, column: country, pattern: "^[A-Z]{2}$", '
+                         'severity: warn}',
+    "unique": ROW_RULES + "\n      - {name: event_id_unique, type: unique, columns: [event_id], severity: error}",
+}
 
 META = """
 pipelines:
@@ -103,8 +115,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--configs", default="rules,unique",
-                    help="comma list of rule sets to measure: rules (no unique), unique (rules + unique)")
+    ap.add_argument("--configs", default="stats,rules,regex,unique",
+                    help="comma list of rule sets to measure: stats, rules (stats + row rules), regex (rules + "
+                         "regex), unique (rules + unique)")
     args = ap.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="bench_wap_"))
@@ -125,9 +138,9 @@ def main() -> None:
     tables = platform.tables()
     print(f"input: {args.rows} rows in {args.files} parquet files at {data}")
 
-    def apply(with_unique: bool) -> None:
+    def apply(config: str) -> None:
         path = home / "meta.yaml"
-        path.write_text(META + RULES % (UNIQUE if with_unique else ""))
+        path.write_text(META + RULES % EXTRA[config])
         platform.store.apply(load_metadata(path))
 
     def fresh(ident: str) -> None:
@@ -150,13 +163,19 @@ def main() -> None:
         runner = StageRunner(platform, "bench_wap", "load", run_id=f"bench_{i}_{time.time_ns()}")
         out = runner.write_audit_publish([Batch(spark.read.parquet(str(data)), label="bench")])
         assert out.published and out.rows_written == args.rows, out
+        sources.update({c.rule.name: c.details.get("counted_from", "-") for c in out.checks})
         return time.monotonic() - t0
 
     phases = _instrument()
+    sources: dict[str, str] = {}
     results = {}
-    wanted = {c.strip() for c in args.configs.split(",")}
-    for with_unique in [w for w in (False, True) if ("unique" if w else "rules") in wanted]:
-        apply(with_unique)
+    wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = set(wanted) - set(EXTRA)
+    if unknown:
+        raise SystemExit(f"--configs: unknown rule set(s) {sorted(unknown)}; choose from {sorted(EXTRA)}")
+    for label in wanted:
+        apply(label)
+        sources.clear()
         direct(-1), wap(-1)  # warm-up: JIT, catalog tables, first commits
         d, w = [], []
         for i in range(args.rounds):
@@ -166,13 +185,13 @@ def main() -> None:
             else:
                 w.append(wap(i))
                 d.append(direct(i))
-        label = "rules + unique" if with_unique else "rules (no unique)"
         ratio = statistics.median(w) / statistics.median(d)
         results[label] = ratio
-        print(f"{label:18s} wap phases (mean s): "
+        print(f"{label:6s} counted from: " + ", ".join(f"{k} {v}" for k, v in sources.items()))
+        print(f"{label:6s} wap phases (mean s): "
               + ", ".join(f"{k} {statistics.mean(v):.2f}" for k, v in phases.items() if v))
         phases.clear()
-        print(f"{label:18s} direct: {', '.join(f'{x:.2f}s' for x in d)} | "
+        print(f"{label:6s} direct: {', '.join(f'{x:.2f}s' for x in d)} | "
               f"wap+checks: {', '.join(f'{x:.2f}s' for x in w)} | ratio (median) {ratio:.3f}")
     for label, ratio in results.items():
         print(f"RATIO {label}: {ratio:.3f} (goal <= 1.15)")

@@ -182,6 +182,45 @@ class IcebergTables:
             cur = parent[cur]
         return out
 
+    def data_files(self, identifier: str, head: int, since: int | None = None):
+        """(PyIceberg schema, live data files) of snapshot `head`: those added after snapshot
+        `since` when given (an append-only branch: `since` is where it forked), else all of them.
+
+        Read from the manifests with PyIceberg, no Spark job. None without a PyIceberg catalog,
+        when `since` is not an ancestor of `head`, or when delete files may hide rows of the
+        files (their statistics would count deleted rows)."""
+        if self.meta is None:
+            return None
+        from pyiceberg.manifest import ManifestContent
+
+        table = self._meta_table(identifier)
+        snap = table.metadata.snapshot_by_id(int(head))
+        if snap is None:
+            return None
+        ours = None
+        if since is not None:
+            parent = {s.snapshot_id: s.parent_snapshot_id for s in table.metadata.snapshots}
+            ours, cur = set(), int(head)
+            while cur != since:
+                if cur not in parent:
+                    return None
+                ours.add(cur)
+                cur = parent[cur]
+        files = []
+        for manifest in snap.manifests(table.io):
+            if manifest.content != ManifestContent.DATA:
+                # older deletes never touch files added after them (equality deletes apply to
+                # lower sequence numbers, position deletes name existing files)
+                if (ours is None or manifest.added_snapshot_id in ours) and \
+                        (manifest.has_added_files() or manifest.has_existing_files()):
+                    return None
+                continue
+            if ours is not None and manifest.added_snapshot_id not in ours:
+                continue
+            files += [e.data_file for e in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+                      if ours is None or e.snapshot_id in ours]
+        return table.schema(), files
+
     def create_branch(self, identifier: str, branch: str) -> None:
         """Branch from main's current snapshot; an empty table first gets an empty main snapshot."""
         if self.snapshot_id(identifier, MAIN) is None:

@@ -330,23 +330,26 @@ def contract_outcome(rule: Rule, drift: SchemaDrift, total: int, null_counts: di
 # --------------------------------------------------------------------------- evaluation
 @dataclass
 class RowPass:
-    """All row-level counting of a rule set as ONE list of aggregates: failing rows per row rule,
-    NULLs in non-nullable contract columns, newest value per freshness column. Evaluated either
-    with `df.agg` on the branch, or observed on the rows while they are written to the branch
-    (`DataFrame.observe`), which saves reading them back."""
+    """All row-level counting of a rule set as keyed aggregates: `total`, failing rows per row
+    rule (`f:<rule>`), NULLs in non-nullable contract columns (`n:<column>`), newest value per
+    freshness column (`m:<column>`, epoch seconds). A key is answered from the new files' Iceberg
+    statistics when they decide it (`FileMetrics.answer`), else from aggregates observed on the
+    rows while they were written to the branch (`DataFrame.observe`), else by one `df.agg`."""
 
     conds: dict[str, Column]
+    rules: dict[str, Rule]
     errors: dict[str, str]
     not_nullable: list[str]
     fresh_cols: list[str]
 
     @classmethod
     def plan(cls, df: DataFrame, rules: list[Rule], exclude: set[str] = frozenset()) -> RowPass:
-        conds, errors = {}, {}
+        conds, planned, errors = {}, {}, {}
         for r in rules:
             if r.enabled and r.is_row_rule and r.name not in exclude:
                 try:
                     conds[r.name] = row_condition(r, df)
+                    planned[r.name] = r
                 except RuleError as exc:
                     errors[r.name] = str(exc)
         have = {c.lower() for c in df.columns}
@@ -354,17 +357,22 @@ class RowPass:
                                for c in r.expected_columns if not c.nullable and c.name.lower() in have})
         fresh = sorted({r.column for r in rules if r.enabled and r.type == "freshness" and r.column
                         and r.column.lower() in have})
-        return cls(conds, errors, not_nullable, fresh)
+        return cls(conds, planned, errors, not_nullable, fresh)
 
-    def aggregates(self) -> list[Column]:
+    def keys(self) -> set[str]:
+        return {"total", *(f"f:{n}" for n in self.conds), *(f"n:{c}" for c in self.not_nullable),
+                *(f"m:{c}" for c in self.fresh_cols)}
+
+    def aggregates(self, keys: set[str] | None = None) -> list[Column]:
+        """The aggregates computing `keys` (all keys by default), each aliased to its key."""
         from pyspark.sql import functions as F
 
-        aggs = [F.count(F.lit(1)).alias("total")]
-        aggs += [F.sum(F.when(c, 0).otherwise(1)).alias(f"f:{n}") for n, c in self.conds.items()]
-        aggs += [F.sum(F.when(_col(c).isNull(), 1).otherwise(0)).alias(f"n:{c}") for c in self.not_nullable]
+        aggs = {"total": F.count(F.lit(1))}
+        aggs |= {f"f:{n}": F.sum(F.when(c, 0).otherwise(1)) for n, c in self.conds.items()}
+        aggs |= {f"n:{c}": F.sum(F.when(_col(c).isNull(), 1).otherwise(0)) for c in self.not_nullable}
         # epoch seconds, not a timestamp: observed metrics come back through py4j, plain numbers only
-        aggs += [F.max(_col(c).cast("timestamp").cast("double")).alias(f"m:{c}") for c in self.fresh_cols]
-        return aggs
+        aggs |= {f"m:{c}": F.max(_col(c).cast("timestamp").cast("double")) for c in self.fresh_cols}
+        return [a.alias(k) for k, a in aggs.items() if keys is None or k in keys]
 
     @staticmethod
     def merge(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
@@ -380,12 +388,21 @@ class RowPass:
                 out[k] = (cur or 0) + (v or 0)
         return out
 
-    def covered_by(self, metrics: dict[str, Any] | None) -> bool:
-        if not metrics or "total" not in metrics:
-            return False
-        keys = {"total", *(f"f:{n}" for n in self.conds), *(f"n:{c}" for c in self.not_nullable),
-                *(f"m:{c}" for c in self.fresh_cols)}
-        return keys <= set(metrics)
+    def resolve(self, df: DataFrame, sources: dict[str, dict[str, Any] | None]
+                ) -> tuple[dict[str, Any], dict[str, str]]:
+        """Every key's value, from the first of the named `sources` holding it, the rest by one
+        pass over `df`; and, per key, the name of where its value came from."""
+        values: dict[str, Any] = {}
+        origin: dict[str, str] = {}
+        for label, src in sources.items():
+            for k in self.keys() - values.keys():
+                if src and k in src:
+                    values[k], origin[k] = src[k], label
+        missing = self.keys() - values.keys()
+        if missing:
+            values.update(df.agg(*self.aggregates(missing)).collect()[0].asDict())
+            origin.update(dict.fromkeys(missing, "rows"))
+        return values, origin
 
 
 def _from_epoch(seconds: float | None) -> dt.datetime | None:
@@ -399,8 +416,9 @@ def evaluate_rules(df: DataFrame, rules: list[Rule], *, context: dict[str, Any] 
     context (all optional): `table` (the whole branch: unique), `previous_row_count` and
     `row_count_after` (main before, branch after: row_count_change), `ref_frames`
     (ref_dataset -> frame), `row_actions` (ActionCounts of the drop/quarantine split),
-    `schema_drift` (rule name -> SchemaDrift seen on the input), `observed` (RowPass metrics
-    observed while the rows were written), `now` (naive UTC).
+    `schema_drift` (rule name -> SchemaDrift seen on the input), `file_metrics` (FileMetrics of
+    the files holding `df`), `observed` (RowPass keys observed while the rows were written),
+    `now` (naive UTC).
     A rule that cannot be evaluated (unknown column, bad expression) fails with the reason.
     """
     context = context or {}
@@ -412,17 +430,20 @@ def evaluate_rules(df: DataFrame, rules: list[Rule], *, context: dict[str, Any] 
     for name, err in rp.errors.items():
         r = next(x for x in enabled if x.name == name)
         outcomes[name] = CheckOutcome(r, False, 0, 0, describe(r), message=err, details={"error": err})
-    observed = context.get("observed")
-    agg = observed if rp.covered_by(observed) else df.agg(*rp.aggregates()).collect()[0].asDict()
+    metrics = context.get("file_metrics")
+    agg, origin = rp.resolve(df, {"iceberg_file_statistics": metrics.answer(rp) if metrics is not None else None,
+                                  "observed_on_write": context.get("observed")})
     total = int(agg["total"] or 0)
     nulls = {c: int(agg[f"n:{c}"] or 0) for c in rp.not_nullable}
-    context = {**context, "_newest": {c: _from_epoch(agg[f"m:{c}"]) for c in rp.fresh_cols}}
+    context = {**context, "_newest": {c: _from_epoch(agg[f"m:{c}"]) for c in rp.fresh_cols},
+               "_newest_from": {c: origin[f"m:{c}"] for c in rp.fresh_cols}, "_total_from": origin["total"]}
     for name, cond in rp.conds.items():
         r = next(x for x in enabled if x.name == name)
         failed = int(agg[f"f:{name}"] or 0)
         sample = _sample(df.where(~cond)) if failed else []
         outcomes[name] = CheckOutcome(r, failed == 0, failed, total, describe(r), sample,
-                                      f"{failed} of {total} rows fail {r.name}" if failed else f"all {total} rows pass")
+                                      f"{failed} of {total} rows fail {r.name}" if failed else f"all {total} rows pass",
+                                      details={"counted_from": origin[f"f:{name}"]})
     for r in enabled:
         if r.name in handled and r.name in actions.errors:
             outcomes[r.name] = CheckOutcome(r, False, 0, actions.total, describe(r), message=actions.errors[r.name],
@@ -451,7 +472,8 @@ def _dataset_rule(df: DataFrame, r: Rule, total: int, context: dict[str, Any], n
         ok = (r.min is None or total >= float(r.min)) and (r.max is None or total <= float(r.max))
         return CheckOutcome(r, ok, 0, total, expr, message=f"{total} rows loaded" + ("" if ok else
                             f", outside [{r.min if r.min is not None else '-inf'}, {r.max if r.max is not None else 'inf'}]"),
-                            details={"row_count": total, "min": r.min, "max": r.max})
+                            details={"row_count": total, "min": r.min, "max": r.max,
+                                     "counted_from": context.get("_total_from", "rows")})
     if r.type == "row_count_change":
         prev = context.get("previous_row_count")
         after = context.get("row_count_after", total)
@@ -483,7 +505,8 @@ def _dataset_rule(df: DataFrame, r: Rule, total: int, context: dict[str, Any], n
         return CheckOutcome(r, ok, stale, total, expr, sample,
                             message=(f"newest {r.column} is {newest} ({age:.0f}s old, limit {r.max_age_seconds}s)"
                                      if age is not None else f"no {r.column} values"),
-                            details={"newest": str(newest), "age_seconds": age})
+                            details={"newest": str(newest), "age_seconds": age,
+                                     "counted_from": context.get("_newest_from", {}).get(r.column, "rows")})
     if r.type == "schema_contract":
         drift = context.get("schema_drift", {}).get(r.name) or schema_drift(df, r)
         return contract_outcome(r, drift, total, {c.name: nulls.get(c.name, 0) for c in r.expected_columns

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from lakehouse.iceberg import MAIN, IcebergTables, WriteResult, retry_metadata_commit
+from lakehouse.validation.file_metrics import FileMetrics, answerable_keys
 from lakehouse.validation.rules import (
     ActionCounts,
     CheckOutcome,
@@ -66,8 +67,9 @@ class AuditedWrite:
         self._quarantine = None
         self._batches = 0
         self._handled = {r.name for r in acting_rules(self.rules)}
-        self.observed: dict[str, Any] | None = None  # RowPass metrics observed during the writes
+        self.observed: dict[str, Any] | None = None  # RowPass keys observed during the writes
         self._observation_ok = True
+        self._observed_keyset: set[str] | None = None  # the same keys must be observed on every batch
 
     # ------------------------------------------------------------------ write
     def _total_records(self, branch: str) -> int | None:
@@ -134,8 +136,15 @@ class AuditedWrite:
                 retry_metadata_commit(self.tables, self.ident, start_branch)
                 self.fork_snapshot = self.tables.snapshot_id(self.ident, self.branch)
                 self.created = True
-            res, observation = self._write_branch(keep, batch)
-            if observation is None or res.rows_written == 0:
+            keys = self._observed_keys(keep) if self.target.write_mode == "append" else set()
+            if self._observed_keyset is None:
+                self._observed_keyset = keys
+            elif keys != self._observed_keyset:
+                self._observation_ok = False  # batches observed different keys: none covers the run
+            res, observation = self._write_branch(keep, batch, keys)
+            if observation is None:
+                pass  # nothing to observe: the file statistics answer every row rule
+            elif res.rows_written == 0:
                 # nothing committed: Spark may have pruned the plan, and Observation.get would wait
                 # forever for metrics that never come; the audit counts on the branch instead
                 self._observation_ok = False
@@ -148,21 +157,28 @@ class AuditedWrite:
             self.appends_only = False
         return res
 
-    def _write_branch(self, keep: DataFrame, batch: Batch, attempts: int = 4):
-        """Append to the branch; the row-rule counts ride on the write (`DataFrame.observe`). A
-        commit that failed on a busy catalog is retried only if the branch head did not move
-        (so a commit that did land is never written twice)."""
+    def _observed_keys(self, keep: DataFrame) -> set[str]:
+        """RowPass keys to count on the rows as they are written: those the new files'
+        statistics cannot answer (with a PyIceberg catalog to read them, which the platform has)."""
+        rp = RowPass.plan(keep, self.rules, self._handled)
+        known = answerable_keys(rp, keep.schema) if self.tables.meta is not None else set()
+        return rp.keys() - known
+
+    def _write_branch(self, keep: DataFrame, batch: Batch, keys: set[str], attempts: int = 4):
+        """Append to the branch; row-rule counts the file statistics cannot give ride on the
+        write (`DataFrame.observe`). A commit that failed on a busy catalog is retried only if
+        the branch head did not move (so a commit that did land is never written twice)."""
         from lakehouse.iceberg import _CONFLICT_MARKERS
 
         for attempt in range(1, attempts + 1):
             observation = None
             frame = keep
-            if self.target.write_mode == "append":
+            if keys:
                 from pyspark.sql import Observation
 
                 self._batches += 1
                 observation = Observation(f"audit_{self.branch}_{self._batches}")
-                frame = keep.observe(observation, *RowPass.plan(keep, self.rules, self._handled).aggregates())
+                frame = keep.observe(observation, *RowPass.plan(keep, self.rules, self._handled).aggregates(keys))
             head = self.tables.snapshot_id(self.ident, self.branch)
             try:
                 res = self.tables.write(frame, self.target, branch=self.branch,
@@ -217,7 +233,17 @@ class AuditedWrite:
             "row_actions": self.actions,
             "schema_drift": self.drift,
             "observed": self.observed if self.appends_only and self._observation_ok else None,
+            "file_metrics": self.file_metrics(),
         }
+
+    def file_metrics(self) -> FileMetrics | None:
+        """Statistics of the files holding `new_rows()`: the branch's own appends, or every live
+        file of the branch when a write replaced data. None when they cannot be read."""
+        head = self.tables.snapshot_id(self.ident, self.branch)
+        if head is None:
+            return None
+        found = self.tables.data_files(self.ident, head, self.fork_snapshot if self.appends_only else None)
+        return None if found is None else FileMetrics.from_data_files(*found)
 
     def audit(self) -> list[CheckOutcome]:
         return evaluate_rules(self.new_rows(), self.rules, context=self.context())
