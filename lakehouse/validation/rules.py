@@ -1,8 +1,9 @@
 """Rule evaluation on Spark DataFrames.
 
 Row rules compile to a Spark `Column` that is TRUE when a row passes (NULL counts as failing),
-built with the DataFrame API so no identifier or value is ever pasted into SQL text; all row
-rules of a stage share one aggregation pass. `expression` rules are Spark SQL written by the
+built with the DataFrame API so no identifier or value is ever pasted into SQL text; the counts
+come from the new files' Iceberg statistics where they decide them, else from one list of
+aggregates shared by all row rules (`RowPass`). `expression` rules are Spark SQL written by the
 metadata author: sqlglot must parse them as ONE boolean scalar expression (no statement,
 subquery, aggregate or window) and Spark must type them as boolean before they run. The
 schema contract is checked with pandera's pyspark backend (schema-only, no data scan).
