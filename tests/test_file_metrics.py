@@ -235,3 +235,29 @@ def test_infinity_is_a_bound_like_any_other(platform, unique_ns):
     answered = metrics.answer(RowPass.plan(df, [open_top, capped]))
     assert answered == {"total": 2, "f:open_top": 0}  # inf is within [0, +inf); above 10: the rows count
     assert evaluate_rules(df, [capped], context={"file_metrics": metrics})[0].failed_rows == 1
+
+
+def test_unreadable_statistics_fall_back_to_the_rows(platform, tmp_path, unique_ns, monkeypatch, caplog):
+    """Manifests that cannot be read (storage credentials, a corrupt file) cost speed, not answers."""
+    from lakehouse.iceberg import IcebergTables
+    from lakehouse.runner import Batch, StageRunner
+
+    _apply(platform, tmp_path, unique_ns, """
+    - {name: not_empty, type: row_count, min: 1, severity: error}
+    - {name: id_present, type: not_null, columns: [event_id], severity: warn}
+    - {name: amount_range, type: range, column: amount, min: 0, max: 100, severity: warn}
+    """)
+
+    def unreadable(self, *a, **kw):
+        raise OSError("manifest-list s3://bucket/metadata/snap-1.avro: access denied")
+
+    monkeypatch.setattr(IcebergTables, "data_files", unreadable)
+    now = dt.datetime.now(dt.UTC)
+    rows = [("e1", 10.0, "a", now), (None, 500.0, "b", now), ("e3", None, "a", now)]
+    with caplog.at_level("WARNING", logger="lakehouse.validation.wap"):
+        out = StageRunner(platform, "stats", "load", run_id=f"nostats_{unique_ns}").write_audit_publish(
+            [Batch(_events(platform.spark(), rows), label="b")])
+    got = {c.rule.name: (c.passed, c.failed_rows, c.total_rows, c.details["counted_from"]) for c in out.checks}
+    assert got == {"not_empty": (True, 0, 3, "rows"), "id_present": (False, 1, 3, "rows"),
+                   "amount_range": (False, 2, 3, "rows")}
+    assert "file statistics unreadable (manifest-list s3://bucket/metadata/snap-1.avro: access denied)" in caplog.text
