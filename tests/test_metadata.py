@@ -72,6 +72,18 @@ def test_duplicate_key_across_files(tmp_path):
     assert msg.startswith(f"{b}: pipelines[0]: duplicate key ('p1',) in pipelines, first defined at {tmp_path / 'a.yaml'}")
 
 
+def test_two_stages_on_one_asset_key(tmp_path):
+    """The asset key is layer/table: two namespaces' `orders` in one layer would not load in Dagster."""
+    text = BASE.replace("  - {target_id: s, namespace: silver, table: t}",
+                        "  - {target_id: s, namespace: silver, table: t}\n  - {target_id: s2, namespace: crm, table: T}")
+    text += "  - {pipeline_id: p1, stage_order: 3, stage_name: crm, layer: silver, target_id: s2,\n" \
+            "     transformation: \"SELECT * FROM bronze.t\"}\n"
+    p = write(tmp_path, text)
+    (msg,) = problems_of(p)
+    assert msg == (f"{p}: stages[2].target_id: asset key silver/T is also stage p1.clean (target 's'); the asset "
+                   "key is layer/table, so rename one table or put it in another layer")
+
+
 def test_duplicate_yaml_mapping_key(tmp_path):
     p = write(tmp_path, "pipelines:\n  - pipeline_id: p1\n    pipeline_id: p2\n")
     (msg,) = problems_of(p)

@@ -228,6 +228,19 @@ def check_references(loaded: LoadedMetadata) -> None:
                 problems.append(f"{where}.transformation: {exc}")
         for u in upstream:
             graph.add_edge(u, st.target_id)
+    asset_keys: dict[tuple[str, str], Any] = {}  # the Dagster asset key is [layer, table]
+    for st in c.stages:
+        if st.target_id not in ids["target"]:
+            continue
+        tgt = c.target(st.target_id)
+        akey = (st.layer, (tgt.table or "").lower())
+        if akey in asset_keys:
+            other = asset_keys[akey]
+            problems.append(
+                f"{_where(loaded, 'stages', st.key())}.target_id: asset key {st.layer}/{tgt.table} is also stage "
+                f"{other.pipeline_id}.{other.stage_name} (target {other.target_id!r}); the asset key is "
+                "layer/table, so rename one table or put it in another layer")
+        asset_keys[akey] = st
     stage_names: dict[tuple, tuple] = {}
     for st in c.stages:
         k = (st.pipeline_id, st.stage_name)
