@@ -196,8 +196,8 @@ def test_audit_path_answers_from_statistics_and_observes_only_the_rest(platform,
     observations = []
     real_observe = wap.AuditedWrite._observed_keys
 
-    def spy(self, keep):
-        keys = real_observe(self, keep)
+    def spy(self, row_pass, keep):
+        keys = real_observe(self, row_pass, keep)
         observations.append(keys)
         return keys
 

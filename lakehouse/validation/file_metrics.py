@@ -3,9 +3,8 @@
 Every data file Iceberg writes carries, per column, a NULL count, a NaN count and lower/upper
 bounds in its manifest entry. Over the files a run added, those give the row count, `not_null`,
 numeric `range`, the newest value for `freshness` and a contract's NULL counts, exactly,
-whenever the data passes (and for most failures). Reading a few manifests takes milliseconds;
-evaluating the same rules on every row while it is written costs about a fifth of a plain
-append's CPU. A statistic that is missing (metrics mode `none` or `counts`, columns past
+whenever the data passes (and for most failures). Reading a few manifests takes milliseconds,
+where evaluating the same rules spends CPU on every row written. A statistic that is missing (metrics mode `none` or `counts`, columns past
 `write.metadata.metrics.max-inferred-column-defaults`) or a failure whose exact count the bounds
 cannot give leaves its key unanswered, and the audit counts that key on the rows instead.
 

@@ -136,12 +136,13 @@ class AuditedWrite:
                 retry_metadata_commit(self.tables, self.ident, start_branch)
                 self.fork_snapshot = self.tables.snapshot_id(self.ident, self.branch)
                 self.created = True
-            keys = self._observed_keys(keep) if self.target.write_mode == "append" else set()
+            row_pass = RowPass.plan(keep, self.rules, self._handled)
+            keys = self._observed_keys(row_pass, keep) if self.target.write_mode == "append" else set()
             if self._observed_keyset is None:
                 self._observed_keyset = keys
             elif keys != self._observed_keyset:
                 self._observation_ok = False  # batches observed different keys: none covers the run
-            res, observation = self._write_branch(keep, batch, keys)
+            res, observation = self._write_branch(keep, batch, row_pass.aggregates(keys) if keys else [])
             if observation is None:
                 pass  # nothing to observe: the file statistics answer every row rule
             elif res.rows_written == 0:
@@ -157,14 +158,13 @@ class AuditedWrite:
             self.appends_only = False
         return res
 
-    def _observed_keys(self, keep: DataFrame) -> set[str]:
+    def _observed_keys(self, row_pass: RowPass, keep: DataFrame) -> set[str]:
         """RowPass keys to count on the rows as they are written: those the new files'
         statistics cannot answer (with a PyIceberg catalog to read them, which the platform has)."""
-        rp = RowPass.plan(keep, self.rules, self._handled)
-        known = answerable_keys(rp, keep.schema) if self.tables.meta is not None else set()
-        return rp.keys() - known
+        known = answerable_keys(row_pass, keep.schema) if self.tables.meta is not None else set()
+        return row_pass.keys() - known
 
-    def _write_branch(self, keep: DataFrame, batch: Batch, keys: set[str], attempts: int = 4):
+    def _write_branch(self, keep: DataFrame, batch: Batch, aggregates: list, attempts: int = 4):
         """Append to the branch; row-rule counts the file statistics cannot give ride on the
         write (`DataFrame.observe`). A commit that failed on a busy catalog is retried only if
         the branch head did not move (so a commit that did land is never written twice)."""
@@ -173,12 +173,12 @@ class AuditedWrite:
         for attempt in range(1, attempts + 1):
             observation = None
             frame = keep
-            if keys:
+            if aggregates:
                 from pyspark.sql import Observation
 
                 self._batches += 1
                 observation = Observation(f"audit_{self.branch}_{self._batches}")
-                frame = keep.observe(observation, *RowPass.plan(keep, self.rules, self._handled).aggregates(keys))
+                frame = keep.observe(observation, *aggregates)
             head = self.tables.snapshot_id(self.ident, self.branch)
             try:
                 res = self.tables.write(frame, self.target, branch=self.branch,
