@@ -166,21 +166,11 @@ class IcebergTables:
             return []
         if self.meta is not None:
             snaps = self._meta_table(identifier).metadata.snapshots
-            parent = {sn.snapshot_id: sn.parent_snapshot_id for sn in snaps}
-            out, cur = [], snapshot_id
-            while cur is not None and cur in parent:
-                out.append(cur)
-                cur = parent[cur]
-            return out
+            return _walk_parents({sn.snapshot_id: sn.parent_snapshot_id for sn in snaps}, snapshot_id)
         rows = self.spark.sql(
             f"SELECT snapshot_id, parent_id FROM {self.metadata_table(identifier, 'snapshots')}"
         ).collect()
-        parent = {r["snapshot_id"]: r["parent_id"] for r in rows}
-        out, cur = [], snapshot_id
-        while cur is not None and cur in parent:
-            out.append(cur)
-            cur = parent[cur]
-        return out
+        return _walk_parents({r["snapshot_id"]: r["parent_id"] for r in rows}, snapshot_id)
 
     def data_files(self, identifier: str, head: int, since: int | None = None):
         """(PyIceberg schema, live data files) of snapshot `head`: those added after snapshot
@@ -199,13 +189,11 @@ class IcebergTables:
             return None
         ours = None
         if since is not None:
-            parent = {s.snapshot_id: s.parent_snapshot_id for s in table.metadata.snapshots}
-            ours, cur = set(), int(head)
-            while cur != since:
-                if cur not in parent:
-                    return None
-                ours.add(cur)
-                cur = parent[cur]
+            chain = _walk_parents({sn.snapshot_id: sn.parent_snapshot_id for sn in table.metadata.snapshots},
+                                  int(head))
+            if since not in chain:
+                return None
+            ours = set(chain[:chain.index(since)])
         files = []
         for manifest in snap.manifests(table.io):
             if manifest.content != ManifestContent.DATA:
@@ -394,6 +382,15 @@ class IcebergTables:
                 f"CALL {cat}.system.cherrypick_snapshot(table => {sql_string(identifier)}, snapshot_id => {int(snap)})"
             )
         return self.snapshot_id(identifier, MAIN)
+
+
+def _walk_parents(parent: dict[int, int | None], start: int) -> list[int]:
+    """`start` and its ancestors, newest first, through a snapshot id -> parent id map."""
+    out, cur = [], start
+    while cur is not None and cur in parent:
+        out.append(cur)
+        cur = parent[cur]
+    return out
 
 
 #: Messages of Iceberg commit conflicts (another writer moved main between our read and commit).
