@@ -2,25 +2,33 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from lakehouse.settings import Settings
-from lakehouse.sqlite_files import BUSY_TIMEOUT_S, prepare_sqlite
+from lakehouse.sqlite_files import BUSY_TIMEOUT_S, prepare_sqlite, sqlite_path
 
+log = logging.getLogger(__name__)
 _CACHE: dict[tuple, object] = {}
 _LOCK = threading.Lock()
 
 
-def pyiceberg_catalog(settings: Settings):
-    """A SqlCatalog with the same name and database as Spark's catalog; cached per (name, uri)."""
-    from pyiceberg.catalog.sql import SqlCatalog
-
+def _uri(settings: Settings) -> str:
+    """The catalog's SQLAlchemy URL with the credentials from the environment (never from the URL)."""
     user, password = settings.catalog_credentials()
     uri = settings.catalog_uri
     if user and "@" not in uri and "://" in uri and not uri.startswith("sqlite"):
         from sqlalchemy.engine import make_url
 
         uri = make_url(uri).set(username=user, password=password).render_as_string(hide_password=False)
+    return uri
+
+
+def pyiceberg_catalog(settings: Settings):
+    """A SqlCatalog with the same name and database as Spark's catalog; cached per (name, uri)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    uri = _uri(settings)
     if uri.startswith("sqlite:///"):
         prepare_sqlite(uri)
         uri += ("&" if "?" in uri else "?") + f"timeout={BUSY_TIMEOUT_S}"  # wait for a writer, not 5 s
@@ -29,3 +37,76 @@ def pyiceberg_catalog(settings: Settings):
         if key not in _CACHE:
             _CACHE[key] = SqlCatalog(settings.catalog_name, uri=uri, warehouse=settings.warehouse)
         return _CACHE[key]
+
+
+def readonly_catalog(settings: Settings):
+    """The catalog opened for reading only, or None when there is none yet.
+
+    `metadata validate` must not write anything: an embedded catalog file that does not exist is
+    not created (None), an existing one is opened with SQLite's read-only mode, and PyIceberg is
+    told not to create its tables."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    uri = _uri(settings)
+    path = sqlite_path(uri)
+    if path is not None:
+        if not path.is_file():
+            return None
+        # a WAL database read even read-only creates its -wal/-shm files unless they exist (a writer
+        # is using it) or the file is opened as immutable (safe then: no WAL holds newer commits)
+        in_use = path.with_name(path.name + "-wal").exists()
+        uri = f"sqlite:///file:{path}?mode=ro&uri=true" + ("" if in_use else "&immutable=1")
+    try:
+        return SqlCatalog(settings.catalog_name, uri=uri, warehouse=settings.warehouse, init_catalog_tables="false")
+    except Exception as exc:  # noqa: BLE001 - no live catalog: the checks use the metadata alone
+        log.warning("Iceberg catalog not readable (%s); checking against the metadata only", exc)
+        return None
+
+
+_SPARK_NAMES = {"long": "bigint", "integer": "int", "timestamptz": "timestamp", "timestamp_ns": "timestamp",
+                "timestamptz_ns": "timestamp", "uuid": "string", "fixed": "binary"}
+
+
+def spark_type(iceberg_type) -> str:
+    """An Iceberg type as Spark SQL names it (struct<a:int>, array<string>, decimal(10,2) …)."""
+    from pyiceberg.types import ListType, MapType, StructType
+
+    if isinstance(iceberg_type, StructType):
+        return "struct<" + ",".join(f"{f.name}:{spark_type(f.field_type)}" for f in iceberg_type.fields) + ">"
+    if isinstance(iceberg_type, ListType):
+        return f"array<{spark_type(iceberg_type.element_type)}>"
+    if isinstance(iceberg_type, MapType):
+        return f"map<{spark_type(iceberg_type.key_type)},{spark_type(iceberg_type.value_type)}>"
+    text = str(iceberg_type).lower().replace(" ", "")
+    return _SPARK_NAMES.get(text.split("[", 1)[0], text)
+
+
+class LiveTables:
+    """{identifier: {column: Spark type}} of the tables that exist now, read on first use (the
+    `live` argument of lakehouse.metadata.derive / checks). A table that does not exist, or cannot
+    be read, is None: the checks then fall back to what the metadata says."""
+
+    def __init__(self, catalog):
+        self.catalog = catalog
+        self._cache: dict[str, dict[str, str] | None] = {}
+
+    def get(self, identifier: str, default=None):
+        ident = identifier.lower()
+        if ident not in self._cache:
+            self._cache[ident] = self._load(ident)
+        found = self._cache[ident]
+        return default if found is None else found
+
+    def _load(self, ident: str) -> dict[str, str] | None:
+        from pyiceberg.exceptions import NoSuchTableError
+
+        if self.catalog is None or "." not in ident:
+            return None
+        try:
+            schema = self.catalog.load_table(ident).schema()
+        except NoSuchTableError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - unreadable now: check against the metadata instead
+            log.warning("cannot read the schema of %s (%s); checking it against the metadata only", ident, exc)
+            return None
+        return {f.name: spark_type(f.field_type) for f in schema.fields}

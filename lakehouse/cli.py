@@ -28,11 +28,30 @@ def _print_table(rows: list[dict], columns: list[str] | None = None) -> None:
 
 
 # ---------------------------------------------------------------- metadata
+def _live_tables(settings, *, readonly: bool):
+    """Schemas of the tables that exist now (for the static checks), or None without a catalog."""
+    from lakehouse.catalog import LiveTables, pyiceberg_catalog, readonly_catalog
+
+    cat = readonly_catalog(settings) if readonly else pyiceberg_catalog(settings)
+    return LiveTables(cat) if cat is not None else None
+
+
 def cmd_metadata(args) -> int:
     if args.action == "reference":
         from lakehouse.metadata.reference import render
 
         print(render())
+        return 0
+    if args.action == "validate":  # reads the files (and the catalog, if there is one): writes nothing
+        from lakehouse.metadata.checks import unchecked
+        from lakehouse.settings import load_settings
+
+        live = _live_tables(load_settings(), readonly=True)
+        loaded = load_metadata(args.path, live=live)
+        counts = {k: len(v) for k, v in loaded.catalog.model_dump().items() if v}
+        print(f"{args.path}: valid ({', '.join(f'{n} {k}' for k, n in counts.items())})")
+        for note in unchecked(loaded.catalog, live):
+            print(f"note: {note}")
         return 0
     platform = Platform.from_env()
     if args.action == "show":
@@ -45,19 +64,12 @@ def cmd_metadata(args) -> int:
         print(yaml.safe_dump(data, sort_keys=False))
         return 0
     # apply checks references against the merged catalog (a file may refer to rows already applied)
-    loaded = load_metadata(args.path, check_refs=args.action == "validate")
-    counts = {k: len(v) for k, v in loaded.catalog.model_dump().items() if v}
-    if args.action == "validate":
-        print(f"{args.path}: valid ({', '.join(f'{n} {k}' for k, n in counts.items())})")
-        return 0
-    applied = platform.store.apply(loaded, replace=args.replace)
+    loaded = load_metadata(args.path, check_refs=False)
+    applied = platform.store.apply(loaded, replace=args.replace, live=_live_tables(platform.settings, readonly=True))
     print(f"applied {args.path} to {platform.store!r}: " + ", ".join(f"{n} {k}" for k, n in applied.items() if n))
-    try:
-        from lakehouse.throughput.pools import sync_pools
+    from lakehouse.throughput.pools import sync_pools
 
-        sync_pools(platform)
-    except ImportError:
-        pass
+    sync_pools(platform)  # the instance headless runs, the UI and the daemon share; says what it cannot enforce
     from lakehouse.lineage.graph import sync as sync_lineage
 
     routes = sync_lineage(platform.store)  # dataset_lineage holds every route; recovery paths recomputed
@@ -67,32 +79,30 @@ def cmd_metadata(args) -> int:
 
 # ---------------------------------------------------------------- runs
 def cmd_run(args) -> int:
-    """Materialize a pipeline headless through the same Definitions the UI loads."""
+    """Materialize a pipeline headless through the same Definitions the UI loads, on the persistent
+    Dagster instance (so pools hold), and end with the per-stage summary (lakehouse.run_summary)."""
     platform = Platform.from_env()
     platform.warm_spark()  # the JVM starts on the other core while Dagster is imported and the job is built
-    import dagster as dg
-
+    from lakehouse.throughput.instance import headless_instance, run_tags
     from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.run_summary import record, stage_keys, summarize
 
+    catalog = platform.store.load()
+    catalog.pipeline(args.pipeline)  # unknown id -> KeyError naming the known ones
+    headless = headless_instance(platform.settings, catalog, ephemeral=args.ephemeral)
+    for note in headless.notes:
+        print(f"warning: {note}", file=sys.stderr)
     defs = build_definitions(platform)
     job = defs.resolve_job_def(f"{args.pipeline}_job")
-    instance = dg.DagsterInstance.get() if _dagster_home() else dg.DagsterInstance.ephemeral()
-    result = job.execute_in_process(instance=instance, raise_on_error=False,
-                                    tags={"lakehouse/pipeline": args.pipeline, "lakehouse/launched_by": "cli"})
-    for ev in result.all_events:
-        if ev.event_type_value == "ASSET_MATERIALIZATION":
-            mat = ev.event_specific_data.materialization
-            md = {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
-            print(f"materialized {mat.asset_key.to_user_string()}: rows_written={md.get('rows_written')} "
-                  f"snapshot={md.get('snapshot_id')}")
-    print(f"run {result.run_id}: {'SUCCESS' if result.success else 'FAILURE'}")
-    return 0 if result.success else 1
-
-
-def _dagster_home() -> bool:
-    import os
-
-    return bool(os.environ.get("DAGSTER_HOME"))
+    quiet = {} if args.verbose else {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    result = job.execute_in_process(instance=headless.instance, raise_on_error=False, run_config=quiet,
+                                    tags={"lakehouse/pipeline": args.pipeline, "lakehouse/launched_by": "cli",
+                                          **run_tags()})
+    summary = summarize(result.all_events, result.run_id, job.name,
+                        stage_keys(catalog, args.pipeline, job.asset_layer.selected_asset_keys))
+    record(headless.instance if headless.persistent else None, platform, summary, args.pipeline)
+    print(summary.table())
+    return summary.exit_code
 
 
 def cmd_demo(args) -> int:
@@ -169,7 +179,7 @@ def cmd_branches(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lakehouse", description=__doc__)
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO; `run` prints Dagster's event stream")
     sub = p.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("metadata", help="validate, apply or show metadata")
@@ -184,8 +194,14 @@ def build_parser() -> argparse.ArgumentParser:
     msub.add_parser("reference", help="print the Markdown reference of every metadata table and field")
     m.set_defaults(func=cmd_metadata)
 
-    r = sub.add_parser("run", help="materialize a pipeline headless (same code as the UI)")
+    r = sub.add_parser("run", help="materialize a pipeline headless (same code as the UI); exit 0 success, "
+                                   "3 success with warnings (a warn check failed, rows quarantined), 1 failure")
     r.add_argument("pipeline")
+    r.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="print Dagster's event stream (default: only warnings, then the summary)")
+    r.add_argument("--ephemeral", action="store_true",
+                   help="use a throwaway Dagster instance (pools, i.e. max_concurrent throttles, are NOT enforced) "
+                        "instead of $DAGSTER_HOME or $LAKEHOUSE_HOME/dagster_home")
     r.set_defaults(func=cmd_run)
 
     d = sub.add_parser("demo", help="generate deterministic demo landing data")

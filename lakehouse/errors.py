@@ -20,16 +20,18 @@ TRANSIENT_IO = "TRANSIENT_IO"
 SPARK_SESSION_DEAD = "SPARK_SESSION_DEAD"
 STAGE_DISABLED = "STAGE_DISABLED"
 AUDIT_FAILED = "AUDIT_FAILED"
+CONFIGURATION = "CONFIGURATION"  # the metadata cannot work as written: fix it, a retry will not
 UNKNOWN = "UNKNOWN"
 
-#: Codes whose failures are decisions, not faults: never healed, never retried.
-NOT_RETRYABLE = frozenset({STAGE_DISABLED, AUDIT_FAILED})
+#: Codes whose failures are decisions or mistakes, not faults: never healed, never retried.
+NOT_RETRYABLE = frozenset({STAGE_DISABLED, AUDIT_FAILED, CONFIGURATION})
 
 # (code, class names anywhere in the MRO, message patterns). First match wins, so the more
 # specific codes come first (a corrupt parquet footer is also an IOException).
 _RULES: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     (STAGE_DISABLED, ("StageDisabled",), ()),
     (AUDIT_FAILED, ("AuditFailed",), ()),
+    (CONFIGURATION, ("ConfigurationError", "MetadataError", "SqlParseError", "RuleError"), ()),
     (ICEBERG_COMMIT_CONFLICT, ("CommitFailedException", "CommitConflict"), (
         r"CommitFailedException",
         r"Cannot commit .*(?:metadata location|changed|conflict)",
@@ -105,6 +107,13 @@ class CorruptInput(PlatformError):
 
 class TransientIO(PlatformError):
     code = TRANSIENT_IO
+
+
+class ConfigurationError(PlatformError):
+    """Metadata that cannot work as written (a rule on a missing column, a DROP as stage SQL...):
+    terminal, because the same step would fail the same way on every retry."""
+
+    code = CONFIGURATION
 
 
 @dataclass(frozen=True)

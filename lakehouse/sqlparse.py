@@ -2,28 +2,125 @@
 
 from __future__ import annotations
 
+import re
+
 import sqlglot
 from sqlglot import exp
-from sqlglot.errors import ParseError
+from sqlglot.errors import ParseError, TokenError
 
 DIALECT = "spark"
 
 
 class SqlParseError(ValueError):
-    """SQL that sqlglot cannot parse; the message carries line and column."""
+    """SQL that sqlglot cannot parse (or that is not what its place allows); the message carries
+    line and column in words, and `line` / `col` / `reason` carry them for callers that name a file."""
+
+    def __init__(self, message: str, line: int | None = None, col: int | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.line, self.col, self.reason = line, col, reason or message
+
+
+def _friendly(desc: str, highlight: str) -> str:
+    """sqlglot's parser message in plain words (no class names or token dumps)."""
+    near = f" {highlight!r}" if highlight else ""
+    if desc.startswith("Required keyword"):
+        return f"incomplete SQL: something is missing after{near or ' this point'}"
+    if desc.startswith("Expecting )"):
+        return f"expected ')' near{near or ' the end'}: a parenthesis is not closed"
+    if desc.startswith("Invalid expression / Unexpected token"):
+        return f"unexpected{near or ' text'}"
+    desc = re.sub(r"\s*<(?:Token|class) [^>]*>", "", desc).rstrip()
+    if desc.endswith(" but got"):
+        desc += " the end of the statement"
+    return desc
+
+
+def error_position(text: str, exc: ParseError | TokenError) -> tuple[int | None, int | None, str]:
+    """(line, column, reason in plain words) of a sqlglot parse or tokenizer error in `text`."""
+    if isinstance(exc, ParseError) and exc.errors:
+        e = exc.errors[0]
+        return e.get("line"), e.get("col"), _friendly(e.get("description") or str(exc), e.get("highlight") or "")
+    cause = str(exc.__cause__ or exc)
+    m = re.search(r"^(.*) from (\d+):(\d+)", cause)
+    if m:  # the tokenizer's "Missing ' from L:C": clamp the column into the line it names
+        line = int(m.group(2))
+        lines = text.splitlines() or [""]
+        body = lines[min(line, len(lines)) - 1]
+        col = int(m.group(3))
+        if col > len(body) + 1:
+            col = max(body.rfind(m.group(1)[-1]), 0) + 1
+        return line, col, f"{m.group(1).lower()} (a quote is not closed)"
+    return None, None, cause
+
+
+def parse_statements(sql: str, dialect: str = DIALECT) -> list[exp.Expression]:
+    """Every statement of `sql`; a syntax error raises SqlParseError with line and column."""
+    try:
+        return [s for s in sqlglot.parse(sql, read=dialect) if s is not None]
+    except (ParseError, TokenError) as exc:
+        line, col, desc = error_position(sql, exc)
+        raise SqlParseError(f"cannot parse SQL at line {line}, column {col}: {desc}", line, col, desc) from exc
 
 
 def parse_one(sql: str, dialect: str = DIALECT) -> exp.Expression:
-    try:
-        statements = [s for s in sqlglot.parse(sql, read=dialect) if s is not None]
-    except ParseError as exc:
-        err = exc.errors[0] if exc.errors else {}
-        line, col = err.get("line"), err.get("col")
-        desc = err.get("description", str(exc))
-        raise SqlParseError(f"cannot parse SQL at line {line}, column {col}: {desc}") from exc
+    statements = parse_statements(sql, dialect)
     if len(statements) != 1:
         raise SqlParseError(f"expected one SQL statement, found {len(statements)}")
     return statements[0]
+
+
+def parse_query(sql: str, dialect: str = DIALECT) -> exp.Query:
+    """Exactly one query (SELECT, WITH … SELECT, a set operation, VALUES): what a stage may hold.
+
+    A second statement, or a statement that is not a query (DROP, INSERT, CREATE, SET …), is an
+    error naming what was found, because the runner runs the text and writes what it returns."""
+    statements = parse_statements(sql, dialect)
+    if len(statements) != 1:
+        kinds = ", ".join(_kind(s) for s in statements) or "nothing"
+        line = _second_statement_line(sql) if statements else None
+        raise SqlParseError(f"holds {len(statements)} statements ({kinds}); a stage's SQL must be exactly one "
+                            "query: remove the others or split them into stages", line, 1 if line else None,
+                            f"{len(statements)} statements")
+    tree = statements[0]
+    if not isinstance(tree, exp.Query):
+        line = _first_line(sql)
+        kind = _kind(tree)
+        raise SqlParseError(f"is {'an' if kind[0] in 'AEIOU' else 'a'} {kind} statement, not a query; a stage's SQL must be one SELECT (or "
+                            "WITH … SELECT) producing the target's rows — the platform writes the table itself",
+                            line, 1, f"{kind} statement")
+    return tree
+
+
+def _kind(tree: exp.Expression) -> str:
+    if isinstance(tree, exp.Query):
+        return "SELECT"
+    if isinstance(tree, exp.Command):
+        return str(tree.this).upper()
+    return tree.key.upper()
+
+
+def _tokens(sql: str) -> list:
+    try:
+        return sqlglot.tokenize(sql, read=DIALECT)
+    except TokenError:
+        return []
+
+
+def _first_line(sql: str) -> int:
+    """The line of the first statement token (comments and blank lines skipped)."""
+    tokens = _tokens(sql)
+    return tokens[0].line if tokens else 1
+
+
+def _second_statement_line(sql: str) -> int | None:
+    """The line where the second statement starts (the first token after a ';')."""
+    from sqlglot.tokens import TokenType
+
+    tokens = _tokens(sql)
+    for i, t in enumerate(tokens[:-1]):
+        if t.token_type == TokenType.SEMICOLON:
+            return tokens[i + 1].line
+    return None
 
 
 def table_name(table: exp.Table) -> str:
@@ -34,7 +131,11 @@ def table_name(table: exp.Table) -> str:
 
 def tables_in_sql(sql: str, dialect: str = DIALECT) -> list[str]:
     """Tables read by a statement, in first-seen order, excluding CTE names and the write target."""
-    tree = parse_one(sql, dialect)
+    return tables_in_tree(parse_one(sql, dialect))
+
+
+def tables_in_tree(tree: exp.Expression) -> list[str]:
+    """`tables_in_sql` of an already parsed statement."""
     ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
     written: set[str] = set()
     if isinstance(tree, (exp.Create, exp.Insert)):

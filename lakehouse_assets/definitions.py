@@ -13,6 +13,7 @@ from lakehouse.runner import Platform
 from lakehouse_assets.dashboard import dashboard_definitions
 from lakehouse_assets.entity_raw_assets import entity_raw_definitions
 from lakehouse_assets.factory import build_assets, pipeline_jobs
+from lakehouse_assets.run_summary import build_run_summary_sensor
 from resources import IcebergIOManager, LakehouseResource, spark_resource
 from schedules import build_schedules
 from sensors import build_sensors
@@ -42,7 +43,7 @@ def build_definitions(platform: Platform | None = None) -> dg.Definitions:
     return dg.Definitions(
         assets=[*build_assets(catalog), *dashboard["assets"], *raw["assets"]],
         jobs=[*pipeline_jobs(catalog), *dashboard["jobs"], *raw["jobs"]],
-        sensors=[*build_sensors(catalog), *dashboard["sensors"], *raw["sensors"]],
+        sensors=[*build_sensors(catalog), *dashboard["sensors"], *raw["sensors"], build_run_summary_sensor()],
         schedules=[*build_schedules(catalog), *raw["schedules"]],
         resources={
             "lakehouse": LakehouseResource(),

@@ -22,6 +22,7 @@ from lakehouse.runner import AuditFailed, ExtractPlan, StageDisabled, StageRunne
 from lakehouse.throughput.profiles import op_priority
 from lakehouse.validation import CheckOutcome
 from lakehouse.validation.rules import describe as describe_rule
+from lakehouse_assets.preflight import preflight
 from resources.io_manager import PublishedTable
 
 KINDS_BY_SOURCE = {"files": "file", "s3": "s3", "jdbc": "postgres", "iceberg": "iceberg"}
@@ -128,6 +129,7 @@ def build_stage_asset(catalog: MetadataCatalog, stage: Stage) -> dg.AssetsDefini
         description=f"Plan the input of {key.to_user_string()} (source-side I/O, in pool {source_pool or 'none'}).",
     )
     def extract(context: dg.OpExecutionContext) -> ExtractPlan:
+        preflight(context, context.resources.lakehouse.platform())  # the whole run, before any write
         runner = StageRunner(context.resources.lakehouse.platform(), pipeline_id, stage_name,
                              context.run_id, context.log)
         runner.run_tags = dict(context.run_tags)  # e.g. the sensor's lakehouse/arrival_batch
@@ -157,6 +159,7 @@ def build_stage_asset(catalog: MetadataCatalog, stage: Stage) -> dg.AssetsDefini
         description=f"Write {target.identifier} on an audit branch, validate, publish to main.",
     )
     def load(context: dg.OpExecutionContext, plan: ExtractPlan) -> Iterator:
+        preflight(context, context.resources.lakehouse.platform())  # cached: a re-executed load checks too
         runner = StageRunner(context.resources.lakehouse.platform(), pipeline_id, stage_name,
                              context.run_id, context.log)
         try:

@@ -9,7 +9,8 @@ Faults (each fires at one named point of a stage; `times=N` limits it to the fir
 * `oom` (point batch): raise a java.lang.OutOfMemoryError-like error when a batch has more than
   `rows_above` rows;
 * `source_down` (point extract): the stage's source `source` is unreachable;
-* `fail` (point `point`, default extract): raise `message` (default a transient I/O error).
+* `fail` (point `point`, default extract): raise `message` (default a transient I/O error);
+* `sleep` (point `point`, default extract): hold the step for `seconds` (a slow source: pool drills).
 
 Production code calls `inject(point, ...)`; with the variable unset that is one dict lookup.
 """
@@ -26,6 +27,7 @@ _HITS: Counter = Counter()
 _LOCK = threading.Lock()
 
 POINTS = {"commit_conflict": "publish", "oom": "batch", "source_down": "extract"}
+FREE_POINT = ("fail", "sleep")  # faults whose point is an option (default extract)
 
 
 class InjectedFault(RuntimeError):
@@ -49,8 +51,8 @@ def parse(spec: str | None) -> list[tuple[str, dict[str, str]]]:
             continue
         name, _, rest = part.partition(":")
         name = name.strip()
-        if name not in (*POINTS, "fail"):
-            raise ValueError(f"{ENV}: unknown fault {name!r}; known: {sorted((*POINTS, 'fail'))}")
+        if name not in (*POINTS, *FREE_POINT):
+            raise ValueError(f"{ENV}: unknown fault {name!r}; known: {sorted((*POINTS, *FREE_POINT))}")
         opts = {}
         for kv in filter(None, (x.strip() for x in rest.split(","))):
             k, sep, v = kv.partition("=")
@@ -82,7 +84,7 @@ def inject(point: str, runner: Any = None, **ctx: Any) -> None:
         return
     run_id = getattr(runner, "run_id", "") or ""
     for name, opts in active():
-        where = opts.get("point", "extract") if name == "fail" else POINTS[name]
+        where = opts.get("point", "extract") if name in FREE_POINT else POINTS[name]
         if where != point:
             continue
         if "stage" in opts and runner is not None and opts["stage"] != runner.stage.stage_name:
@@ -107,6 +109,11 @@ def inject(point: str, runner: Any = None, **ctx: Any) -> None:
                 raise InjectedCommitFailed(
                     "org.apache.iceberg.exceptions.CommitFailedException: Cannot commit changes based on stale "
                     f"table metadata: main of {runner.target.identifier} changed (injected by {ENV})")
+        elif name == "sleep":
+            if _take(name, opts, run_id):
+                import time
+
+                time.sleep(float(opts.get("seconds", "5")))
         elif name == "fail":
             if _take(name, opts, run_id):
                 from lakehouse.errors import TransientIO

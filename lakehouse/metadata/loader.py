@@ -6,6 +6,7 @@ accepted or rejected as a unit, so `metadata apply` never half-applies anything.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ class MetadataError(ValueError):
 class Origin:
     file: str
     path: str  # e.g. stages[2]
+    sql_file: str | None = None  # a stage's transformation_file, resolved
 
     def __str__(self) -> str:
         return f"{self.file}: {self.path}"
@@ -75,17 +77,45 @@ def metadata_files(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.suffix in (".yaml", ".yml"))
 
 
-def load_metadata(path: str | Path, *, check_refs: bool = True) -> LoadedMetadata:
+def confined_file(root: Path, base: Path, value: str, what: str) -> tuple[Path | None, str | None]:
+    """(resolved path, None) for a file named in metadata, or (None, problem) when it escapes `root`.
+
+    Metadata names files relative to itself and inside its own directory: an absolute path, a
+    `..` that leaves the directory, or a symlink pointing outside is refused, so applying metadata
+    can never copy a file from elsewhere on the machine into the control DB."""
+    root_real = root.resolve()
+    p = Path(value)
+    if p.is_absolute():
+        return None, (f"{value!r} is an absolute path; {what} must be a path relative to the metadata file, "
+                      f"inside {root}")
+    candidate = base / p
+    real = candidate.resolve()
+    if not real.is_relative_to(root_real):
+        lexical = Path(os.path.normpath(candidate.absolute()))
+        via = "through a symlink " if lexical.is_relative_to(os.path.normpath(root.absolute())) else ""
+        return None, (f"{value!r} leads {via}outside the metadata directory {root} (to {real}); {what} must "
+                      "stay inside it: move the file into the metadata directory")
+    return real, None
+
+
+def load_metadata(path: str | Path, *, check_refs: bool = True, live=None) -> LoadedMetadata:
     """Parse and validate every YAML file under `path` into one catalog.
 
     With check_refs=False only each row is validated (plus duplicate keys): `metadata apply` of a
     file that refers to rows already in the control DB is checked against the merged catalog instead.
+    `live` (identifier -> {column: type}) lets the static checks use tables that already exist.
+    Reads only: nothing is written anywhere.
     """
     root = Path(path)
+    root_dir = root if root.is_dir() else root.parent
     problems: list[str] = []
     rows: dict[str, list[tuple[Entity, Origin]]] = {s: [] for s in SECTIONS}
     for f in metadata_files(root):
         rel = str(f)
+        if not f.resolve().is_relative_to(root_dir.resolve()):
+            problems.append(f"{rel}: a symlink to {f.resolve()}, outside the metadata directory {root_dir}; "
+                            "copy the file into the directory instead")
+            continue
         try:
             doc = yaml.load(f.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - safe subclass
         except yaml.YAMLError as exc:
@@ -114,11 +144,21 @@ def load_metadata(path: str | Path, *, check_refs: bool = True) -> LoadedMetadat
                     continue
                 if model is Stage and item.get("transformation_file"):
                     item = dict(item)
-                    sql_path = (f.parent / item.pop("transformation_file")).resolve()
-                    if not sql_path.is_file():
-                        problems.append(f"{origin}.transformation_file: no such file {sql_path}")
+                    value = str(item.pop("transformation_file"))
+                    sql_path, why = confined_file(root_dir, f.parent, value, "transformation_file")
+                    if why is None and sql_path.suffix.lower() != ".sql":
+                        why = f"{value!r} is not a .sql file; transformation_file names the stage's SQL file"
+                    if why is None and not sql_path.is_file():
+                        why = f"no such file {sql_path}"
+                    if why is None:
+                        try:
+                            item["transformation"] = sql_path.read_text(encoding="utf-8")
+                        except UnicodeDecodeError as exc:
+                            why = f"{sql_path} is not UTF-8 text: {exc}"
+                    if why is not None:
+                        problems.append(f"{origin}.transformation_file: {why}")
                         continue
-                    item["transformation"] = sql_path.read_text(encoding="utf-8")
+                    origin.sql_file = str(sql_path)
                 try:
                     rows[section].append((model.model_validate(item), origin))
                 except ValidationError as exc:
@@ -126,11 +166,11 @@ def load_metadata(path: str | Path, *, check_refs: bool = True) -> LoadedMetadat
                         problems.append(f"{origin}{_loc(err['loc'])}: {err['msg']}")
     if problems:
         raise MetadataError(problems)
-    return build_catalog(rows, base_dir=root if root.is_dir() else root.parent, check_refs=check_refs)
+    return build_catalog(rows, base_dir=root_dir, check_refs=check_refs, live=live)
 
 
 def build_catalog(rows: dict[str, list[tuple[Entity, Origin]]], base_dir: Path | None = None,
-                  check_refs: bool = True) -> LoadedMetadata:
+                  check_refs: bool = True, live=None) -> LoadedMetadata:
     problems: list[str] = []
     origins: dict[tuple[str, tuple], Origin] = {}
     for section, items in rows.items():
@@ -145,7 +185,7 @@ def build_catalog(rows: dict[str, list[tuple[Entity, Origin]]], base_dir: Path |
     catalog = MetadataCatalog(**{s: [e for e, _ in items] for s, items in rows.items()})
     loaded = LoadedMetadata(catalog, origins, base_dir)
     if check_refs:
-        check_references(loaded)
+        check_references(loaded, live=live)
     return loaded
 
 
@@ -154,9 +194,11 @@ def _where(loaded: LoadedMetadata, section: str, key: tuple) -> str:
     return str(origin) if origin else f"{section}{list(key)}"
 
 
-def check_references(loaded: LoadedMetadata) -> None:
-    """Cross-row checks: every reference resolves, stage dataflow is acyclic, targets are unique."""
-    from lakehouse.sqlparse import SqlParseError, tables_in_sql
+def check_references(loaded: LoadedMetadata, live=None) -> None:
+    """Cross-row checks: every reference resolves, stage dataflow is acyclic, targets are unique;
+    then the static checks of every stage (lakehouse.metadata.checks), with `live` table schemas."""
+    from lakehouse.metadata.checks import check_stages
+    from lakehouse.sqlparse import SqlParseError, parse_query, tables_in_tree
 
     c = loaded.catalog
     problems: list[str] = []
@@ -169,6 +211,15 @@ def check_references(loaded: LoadedMetadata) -> None:
         "profile": {p.profile_id for p in c.profiles} | {"balanced", "focus"},
     }
     datasets = ids["source"] | ids["target"]
+
+    def sql_file_of(key: tuple) -> str | None:
+        origin = loaded.origins.get(("stages", key))
+        return origin.sql_file if origin else None
+
+    def sql_where(st: Stage) -> str:
+        from lakehouse.metadata.checks import sql_location
+
+        return sql_location(lambda s, k: _where(loaded, s, k), sql_file_of, st, None, None)
 
     def need(kind: str, value: Any, section: str, key: tuple, field_name: str) -> None:
         if value is not None and value not in ids[kind]:
@@ -205,7 +256,8 @@ def check_references(loaded: LoadedMetadata) -> None:
         need("pipeline", st.pipeline_id, "stages", key, "pipeline_id")
         need("target", st.target_id, "stages", key, "target_id")
         if st.source_id is not None and st.source_id not in datasets:
-            problems.append(f"{where}.source_id: unknown source {st.source_id!r}; known: {sorted(datasets)}")
+            problems.append(f"{where}.source_id: unknown source {st.source_id!r}; known sources: "
+                            f"{sorted(ids['source'])} (to read another stage's table, name its target_id)")
         need("rule_set", st.validation_set_id, "stages", key, "validation_set_id")
         need("retry", st.retry_id, "stages", key, "retry_id")
         if st.target_id in target_writers:
@@ -218,14 +270,16 @@ def check_references(loaded: LoadedMetadata) -> None:
             upstream.append(st.source_id)
         if st.transformation:
             try:
-                for ident in tables_in_sql(st.transformation):
+                for ident in tables_in_tree(parse_query(st.transformation)):
                     t = c.target_by_identifier(ident)
                     if t is None:
-                        problems.append(f"{where}.transformation: table {ident!r} is not the target of any stage")
+                        problems.append(f"{sql_where(st)}: table {ident!r} is not the target of any stage; a "
+                                        "stage's SQL reads lake tables only: known tables "
+                                        f"{sorted(x.identifier for x in c.targets if x.kind == 'iceberg')}")
                     else:
                         upstream.append(t.target_id)
-            except SqlParseError as exc:
-                problems.append(f"{where}.transformation: {exc}")
+            except SqlParseError:
+                pass  # reported with its line by the static checks below
         for u in upstream:
             graph.add_edge(u, st.target_id)
     asset_keys: dict[tuple[str, str], Any] = {}  # the Dagster asset key is [layer, table]
@@ -249,7 +303,11 @@ def check_references(loaded: LoadedMetadata) -> None:
         stage_names[k] = st.key()
     try:
         cycle = nx.find_cycle(graph)
-        problems.append("stages: cycle in dataflow: " + " -> ".join([e[0] for e in cycle] + [cycle[0][0]]))
+        path = [e[0] for e in cycle] + [cycle[0][0]]
+        writers = [f"{_where(loaded, 'stages', target_writers[t])} writes {t}" for t in path[:-1] if t in target_writers]
+        first = _where(loaded, "stages", target_writers[path[1]]) if path[1] in target_writers else "stages"
+        problems.append(f"{first}: cycle in dataflow: {' -> '.join(path)} ({'; '.join(writers)}): a stage reads, "
+                        "through the others, the table it writes. Fix: make one of them read an earlier table")
     except nx.NetworkXNoCycle:
         pass
 
@@ -279,5 +337,7 @@ def check_references(loaded: LoadedMetadata) -> None:
                 problems.append(
                     f"{_where(loaded, 'validation_rules', rs.key())}.rules[{i}].ref_dataset: unknown dataset {r.ref_dataset!r}"
                 )
+    # the static checks of each stage; a cycle leaves the columns underivable, the SQL is still checked
+    problems.extend(str(p) for p in check_stages(c, lambda s, k: _where(loaded, s, k), sql_file_of, live=live))
     if problems:
         raise MetadataError(problems)

@@ -180,8 +180,9 @@ class MetadataStore:
         return build_catalog(rows)
 
     # ------------------------------------------------------------------ write
-    def apply(self, incoming: LoadedMetadata, *, replace: bool = False) -> dict[str, int]:
-        """Merge rows by key (or replace everything) in one transaction; validate the result first."""
+    def apply(self, incoming: LoadedMetadata, *, replace: bool = False, live=None) -> dict[str, int]:
+        """Merge rows by key (or replace everything) in one transaction; validate the result first
+        (with `live` table schemas for the static checks, lakehouse.metadata.checks)."""
         self.create_all()
         current = MetadataCatalog() if replace else self.load()
         merged_rows: dict[str, list[tuple[Entity, Origin]]] = {}
@@ -192,7 +193,7 @@ class MetadataStore:
             for e in getattr(incoming.catalog, section):
                 by_key[e.key()] = (e, incoming.origins.get((section, e.key()), Origin("input", section)))
             merged_rows[section] = list(by_key.values())
-        build_catalog(merged_rows)  # raises MetadataError naming file and key path
+        build_catalog(merged_rows, live=live)  # raises MetadataError naming file and key path
         counts: dict[str, int] = {}
         with self.engine.begin() as conn:
             for section, (table, json_cols) in TABLES.items():

@@ -81,26 +81,44 @@ def sync_instance(instance: dg.DagsterInstance, catalog: MetadataCatalog) -> Poo
 
 
 def instance_from_env() -> dg.DagsterInstance | None:
-    """The persistent instance under $DAGSTER_HOME, or None when there is none to sync."""
-    home = os.environ.get("DAGSTER_HOME")
-    if not home or not os.path.isdir(home):
+    """The persistent instance under $DAGSTER_HOME (default $LAKEHOUSE_HOME/dagster_home, the one
+    headless runs use: lakehouse.throughput.instance), or None when there is none to sync."""
+    from lakehouse.settings import load_settings
+    from lakehouse.throughput.instance import dagster_home
+
+    home = dagster_home(load_settings())
+    if not home.is_dir():
         return None
+    os.environ["DAGSTER_HOME"] = str(home)
     import dagster as dg
 
     return dg.DagsterInstance.get()
 
 
 def sync_pools(platform: Platform, instance: dg.DagsterInstance | None = None) -> PoolSync | None:
-    """Called by `lakehouse metadata apply`: sync if a persistent Dagster instance is configured."""
-    inst = instance or instance_from_env()
-    if inst is None:
-        log.info("DAGSTER_HOME is not set: pool limits will be synced by the throughput sensor")
+    """Called by `lakehouse metadata apply`: sync the instance headless runs, the UI and the daemon
+    share (created under LAKEHOUSE_HOME if needed), and say which throttles it cannot enforce."""
+    from lakehouse.throughput.instance import EPHEMERAL_ENV, dagster_home, ensure_home, unenforced
+
+    catalog = platform.store.load()
+    if instance is None and not desired_limits(catalog) and not dagster_home(platform.settings).is_dir():
+        return None  # no throttles and no instance: nothing to sync, nothing to create
+    if instance is None and os.environ.get(EPHEMERAL_ENV, "") not in ("", "0"):
+        for line in unenforced(catalog, None, f"{EPHEMERAL_ENV} is set: headless runs use an ephemeral instance"):
+            print(f"warning: {line}", file=sys.stderr)
         return None
     try:
-        result = sync_instance(inst, platform.store.load())
+        if instance is None:
+            ensure_home(platform.settings)
+            import dagster as dg
+
+            instance = dg.DagsterInstance.get()
+        result = sync_instance(instance, catalog)
     except Exception as exc:  # the metadata is applied; the sensor retries the sync on its next tick
         print(f"warning: dagster pools not synced ({type(exc).__name__}: {exc}); "
               "the lakehouse_throughput_sync sensor will retry", file=sys.stderr)
         return None
-    print(f"dagster pools: {result.summary()}")
+    print(f"dagster pools ({os.environ.get('DAGSTER_HOME')}): {result.summary()}")
+    for line in unenforced(catalog, instance):
+        print(f"warning: {line}", file=sys.stderr)
     return result

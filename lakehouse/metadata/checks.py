@@ -1,0 +1,211 @@
+"""Static checks of each stage, before any run: what Spark would otherwise refuse mid-run.
+
+Every check works on the metadata alone (plus, when given, the live schemas of existing tables):
+* the stage's SQL is exactly one query (a DROP, a second statement, an INSERT are refused);
+* the columns it outputs (`lakehouse.metadata.derive`) hold every column its rules check, its
+  target's merge keys, partition and sort columns, and every column its SQL reads;
+* `expression` rules are one boolean expression over those columns;
+* source and target agree (an incremental JDBC source needs a merge target on its primary key, a
+  full load an overwrite, overwrite_partitions a partition spec).
+A problem names the file (the .sql file and line for SQL), the key path, and the fix in plain words.
+`metadata validate` / `apply` run these through `loader.check_references`; a run runs them again
+against the live catalog before its first write (`lakehouse.preflight`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from lakehouse.metadata.derive import LiveSchemas, StageColumns, derive_columns, stage_rules
+from lakehouse.metadata.model import MetadataCatalog, Rule, Source, Stage, Target
+
+
+@dataclass(frozen=True)
+class Problem:
+    where: str  # "file: key.path" or "file.sql:line:col"
+    message: str  # what is wrong and how to fix it
+    stage: tuple[str, str] | None = None  # (pipeline_id, stage_name) it belongs to
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+#: (section, key) -> "file: key.path" of a row; and the .sql file of a stage, if it came from one
+Locate = Callable[[str, tuple], str]
+SqlFile = Callable[[tuple], str | None]
+
+
+def _cols(sc: StageColumns) -> str:
+    names = list(sc.columns)
+    return ", ".join(names[:40]) + (f" … ({len(names)} in all)" if len(names) > 40 else "")
+
+
+def sql_location(locate: Locate, sql_file: SqlFile, stage: Stage, line: int | None, col: int | None) -> str:
+    """`x.sql:3:14 (stage …, file: stages[i].transformation_file)` for SQL from a .sql file, else
+    `file: stages[i].transformation` (the position then goes in the message: see `at_position`)."""
+    where = locate("stages", stage.key())
+    path = sql_file(stage.key())
+    if path:
+        pos = (f":{line}" + (f":{col}" if col else "")) if line else ""
+        return f"{path}{pos} (stage {stage.pipeline_id}.{stage.stage_name}, {where}.transformation_file)"
+    return f"{where}.transformation"
+
+
+def at_position(sql_file: SqlFile, stage: Stage, line: int | None, col: int | None) -> str:
+    """' at line 3, column 14' for inline SQL (whose location cannot carry it), else ''."""
+    if sql_file(stage.key()) or not line:
+        return ""
+    return f" at line {line}" + (f", column {col}" if col else "")
+
+
+def check_stages(catalog: MetadataCatalog, locate: Locate, sql_file: SqlFile, *, live: LiveSchemas | None = None,
+                 planned: set[str] | None = None, only: set[tuple[str, str]] | None = None) -> list[Problem]:
+    """Every static problem of the stages (all, or those in `only` as (pipeline_id, stage_name))."""
+    from lakehouse.sqlparse import SqlParseError, parse_query
+
+    derived = derive_columns(catalog, live, planned)
+    targets = {t.target_id: t for t in catalog.targets}
+    sources = {s.source_id: s for s in catalog.sources}
+    problems: list[Problem] = []
+    for stage in catalog.stages:
+        sid = (stage.pipeline_id, stage.stage_name)
+        if only is not None and sid not in only:
+            continue
+        out: list[Problem] = []
+
+        def add(w: str, msg: str, _out: list[Problem] = out, _sid: tuple[str, str] = sid) -> None:
+            _out.append(Problem(w, msg, _sid))
+
+        if stage.transformation:
+            try:
+                parse_query(stage.transformation)
+            except SqlParseError as exc:
+                pos = at_position(sql_file, stage, exc.line, exc.col)
+                msg = (f"cannot parse SQL{pos}: {exc.reason}" if str(exc).startswith("cannot parse")
+                       else f"the stage's SQL {exc}")
+                add(sql_location(locate, sql_file, stage, exc.line, exc.col), msg)
+        target = targets.get(stage.target_id)
+        sc = derived.get(stage.target_id)
+        if sc is not None and sc.sql_error:
+            e = sc.sql_error
+            pos = at_position(sql_file, stage, e.get("line"), e.get("col"))
+            add(sql_location(locate, sql_file, stage, e.get("line"), e.get("col")),
+                f"the SQL{pos} reads {e['message']}. Fix the SQL, or the upstream stage so it outputs "
+                f"{e.get('column')!r}")
+        source = sources.get(stage.source_id or "")
+        if target is not None and target.kind == "iceberg":
+            if source is not None and not stage.transformation:
+                for w, msg in _compatibility(source, target, locate):
+                    add(w, msg)
+            if sc is not None:
+                _target_columns(target, sc, locate, add)
+        if sc is not None and target is not None:
+            for i, rule in _rules_with_index(catalog, stage):
+                rwhere = f"{locate('validation_rules', (stage.validation_set_id,))}.rules[{i}]"
+                for msg in _rule_problems(rule, sc, target, derived, catalog):
+                    add(rwhere, f"rule {rule.name!r} (stage {stage.pipeline_id}.{stage.stage_name}) {msg}")
+        problems.extend(out)
+    return problems
+
+
+def unchecked(catalog: MetadataCatalog, live: LiveSchemas | None = None) -> list[str]:
+    """Stages whose output columns cannot be known before a run, and why (said, never guessed)."""
+    notes = []
+    for tid, sc in derive_columns(catalog, live).items():
+        if sc.unknown and not sc.sql_error:
+            st = catalog.stage_for_target(tid)
+            notes.append(f"stage {st.pipeline_id}.{st.stage_name}: columns not checkable before a run: {sc.unknown}")
+    return notes
+
+
+def _rules_with_index(catalog: MetadataCatalog, stage: Stage) -> list[tuple[int, Rule]]:
+    return [(i, r) for i, r in enumerate(stage_rules(catalog, stage)) if r.enabled]
+
+
+def _compatibility(src: Source, tgt: Target, locate: Locate) -> list[tuple[str, str]]:
+    """Source and target write mode that cannot work together."""
+    tw = locate("targets", tgt.key())
+    out: list[tuple[str, str]] = []
+    if src.kind == "jdbc" and src.load_type == "incremental":
+        if tgt.write_mode != "merge":
+            out.append((f"{tw}.write_mode", f"source {src.source_id!r} is an incremental JDBC load but target "
+                        f"{tgt.target_id!r} has write_mode {tgt.write_mode!r}: rows re-read after an update would "
+                        f"be duplicated. Fix: set write_mode: merge and merge_keys: {src.primary_key}"))
+        elif [k.lower() for k in tgt.merge_keys] != [k.lower() for k in src.primary_key]:
+            out.append((f"{tw}.merge_keys", f"target {tgt.target_id!r} merges on {tgt.merge_keys} but its incremental "
+                        f"source {src.source_id!r} has primary_key {src.primary_key}. Fix: make them the same"))
+    elif src.kind == "jdbc" and tgt.write_mode not in ("overwrite", "merge"):
+        out.append((f"{tw}.write_mode", f"source {src.source_id!r} is a full JDBC load but target {tgt.target_id!r} "
+                    f"has write_mode {tgt.write_mode!r}: every run would append the whole table again. Fix: set "
+                    "write_mode: overwrite (atomic replace), or merge with merge_keys"))
+    return out
+
+
+def _target_columns(tgt: Target, sc: StageColumns, locate: Locate, add) -> None:
+    """merge keys, partition and sort columns of the target must be columns the stage outputs."""
+    tw = locate("targets", tgt.key())
+    fields = [("merge_keys", k, f"merge_keys[{i}]") for i, k in enumerate(tgt.merge_keys if tgt.write_mode == "merge"
+                                                                          else [])]
+    fields += [("partition_spec", p.column, f"partition_spec[{i}].column") for i, p in enumerate(tgt.partition_spec)]
+    fields += [("sort_order", s.column, f"sort_order[{i}].column") for i, s in enumerate(tgt.sort_order)]
+    for what, column, path in fields:
+        if sc.has(column) is False:
+            add(f"{tw}.{path}", f"{what} column {column!r} is not a column of {tgt.identifier}, which gets "
+                f"({_cols(sc)}) from {sc.origin}. Fix: name one of those columns, or make the stage output "
+                f"{column!r}")
+    if tgt.write_mode == "overwrite_partitions" and not tgt.partition_spec:
+        add(f"{tw}.write_mode", f"write_mode overwrite_partitions on {tgt.identifier}, which has no partition_spec, "
+            "would replace the whole table on every run. Fix: add a partition_spec, or use overwrite")
+
+
+def _rule_problems(rule: Rule, sc: StageColumns, tgt: Target, derived: dict[str, StageColumns],
+                   catalog: MetadataCatalog) -> list[str]:
+    out: list[str] = []
+    fix = "Fix: use one of those columns, or make the stage output it"
+    cols = ([rule.column] if rule.column else []) + list(rule.columns)
+    missing = [c for c in cols if sc.has(c) is False]
+    if missing:
+        out.append(f"checks column(s) {missing}, which {tgt.identifier} does not have (its columns: {_cols(sc)}, "
+                   f"from {sc.origin}). {fix}")
+    if rule.type == "schema_contract":
+        gone = [c.name for c in rule.expected_columns if sc.has(c.name) is False]
+        if gone:
+            out.append(f"expects column(s) {gone}, which {tgt.identifier} does not have (its columns: {_cols(sc)}, "
+                       f"from {sc.origin}): the contract would fail on every run. Fix: correct expected_columns, or "
+                       "the stage's output")
+    if rule.type == "expression" and rule.expression:
+        out.extend(_expression_problems(rule, sc))
+    if rule.type == "referential_integrity" and rule.ref_dataset:
+        ref = next((t for t in catalog.targets if rule.ref_dataset in (t.target_id, t.identifier if t.kind == "iceberg"
+                                                                       else None)), None)
+        ref_sc = derived.get(ref.target_id) if ref is not None else None
+        if ref_sc is not None:
+            gone = [c for c in rule.ref_columns if ref_sc.has(c) is False]
+            if gone:
+                out.append(f"looks up ref_columns {gone} in {rule.ref_dataset}, which does not have them (its "
+                           f"columns: {_cols(ref_sc)}). Fix: name columns of {rule.ref_dataset}")
+        if len(rule.ref_columns) != len(rule.columns):
+            out.append(f"pairs {len(rule.columns)} column(s) with {len(rule.ref_columns)} ref_columns. Fix: give "
+                       "as many ref_columns as columns, in the same order")
+    return out
+
+
+def _expression_problems(rule: Rule, sc: StageColumns) -> list[str]:
+    import sqlglot
+    from sqlglot import exp
+
+    from lakehouse.validation.rules import RuleError, check_expression
+
+    try:
+        check_expression(rule.expression, rule.name)
+    except RuleError as exc:
+        text = str(exc).replace(f"rule {rule.name!r}: ", "", 1)
+        return [f"{text}. Fix: write one Spark SQL boolean condition over the row's columns, e.g. `amount >= 0`"]
+    tree = sqlglot.parse_one(rule.expression, read="spark")
+    names = sorted({c.parts[0].name for c in tree.find_all(exp.Column) if c.parts})
+    missing = [n for n in names if sc.has(n) is False]
+    if missing:
+        return [f"expression {rule.expression!r} uses column(s) {missing}, which the dataset does not have (its "
+                f"columns: {_cols(sc)}, from {sc.origin}). Fix: use those columns"]
+    return []

@@ -1,0 +1,57 @@
+"""The check a run makes before its first write: every stage it will run, against the live catalog.
+
+`metadata validate` checks the metadata on its own; by the time a run starts, the catalog may
+have moved (a table's columns changed, an upstream table was dropped) or the control DB may have
+been edited with plain SQL. So a run checks all its stages at once — the same static checks
+(`lakehouse.metadata.checks`), with the live schemas of the tables that exist — before any stage
+writes, and stops with a `ConfigurationError` (terminal: never retried, never healed) instead of
+failing midway with upstream stages already published. Reads only: PyIceberg table metadata.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lakehouse.errors import ConfigurationError
+from lakehouse.metadata.model import MetadataCatalog, Stage
+
+if TYPE_CHECKING:
+    from lakehouse.runner import Platform
+
+
+def _locate(section: str, key: tuple) -> str:
+    return f"control DB {section}{list(key)}"
+
+
+def problems_for(catalog: MetadataCatalog, stages: list[Stage], live) -> list[str]:
+    """Every problem of `stages` as a run of exactly them would meet it, given the `live` schemas."""
+    from lakehouse.metadata.checks import check_stages
+    from lakehouse.metadata.derive import stage_upstreams
+
+    planned = {s.target_id for s in stages}
+    only = {(s.pipeline_id, s.stage_name) for s in stages}
+    out = [str(p) for p in check_stages(catalog, _locate, lambda _k: None, live=live, planned=planned, only=only)]
+    for st in stages:
+        for ident in stage_upstreams(catalog, st):
+            producer = catalog.target_by_identifier(ident)
+            writer = catalog.stage_for_target(producer.target_id) if producer is not None else None
+            if writer is None or producer.target_id in planned or live.get(ident) is not None:
+                continue
+            out.append(f"{_locate('stages', st.key())}: stage {st.pipeline_id}.{st.stage_name} reads {ident}, which "
+                       f"does not exist yet and is not written by this run. Fix: run stage "
+                       f"{writer.pipeline_id}.{writer.stage_name} first, or in the same run")
+    return out
+
+
+def check_run(platform: Platform, stage_ids: list[tuple[str, str]]) -> None:
+    """Raise ConfigurationError listing every problem of these (pipeline_id, stage_name) stages."""
+    from lakehouse.catalog import LiveTables
+
+    catalog = platform.store.load()
+    stages = [catalog.stage(p, n) for p, n in stage_ids]
+    problems = problems_for(catalog, stages, LiveTables(platform.pyiceberg_catalog()))
+    if problems:
+        raise ConfigurationError(
+            f"stopped before the run's first write: {len(problems)} configuration problem(s) in the stage(s) of "
+            "this run (a retry would fail the same way; fix the metadata, apply it, run again):\n  - "
+            + "\n  - ".join(problems))

@@ -1,0 +1,148 @@
+"""What a run did, per stage, in a few lines: the end of `lakehouse run` and the run's Dagster tags.
+
+Plain data in, plain data out: the Dagster layer (`lakehouse_assets/run_summary.py`) turns a
+run's events into `StageReport`s; this module decides each stage's status, the run's outcome and
+exit code, and renders the table. Rows read = what the stage's input delivered: the source's own
+count when it gives one (JDBC), else rows written + quarantined + dropped. For a merge target,
+"written" is Iceberg's added-records (rewritten rows included).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SUCCESS, WARNINGS, FAILED = "success", "success_with_warnings", "failed"
+#: exit codes of `lakehouse run` (2 is the CLI's "bad input / configuration")
+EXIT_CODES = {SUCCESS: 0, FAILED: 1, WARNINGS: 3}
+
+
+@dataclass
+class CheckReport:
+    name: str
+    passed: bool
+    severity: str  # warn | error
+    failed_rows: int | None = None
+    message: str = ""
+    evaluated: bool = True  # False: nothing new to audit (skipped stage)
+
+    def text(self) -> str:
+        if not self.evaluated:
+            return f"{self.name} not evaluated"
+        if self.passed:
+            return f"{self.name} ok"
+        n = f" {self.failed_rows} failing" if self.failed_rows else ""
+        return f"{self.name} {'FAILED' if self.severity == 'error' else 'warn'}{n}"
+
+
+@dataclass
+class StageReport:
+    asset: str  # layer/table
+    stage: str = ""  # pipeline.stage
+    materialized: bool = False
+    failed: bool = False
+    failure: str = ""  # first line of the error
+    rows_read: int | None = None
+    rows_written: int | None = None
+    quarantined: int = 0
+    dropped: int = 0
+    skipped_reason: str | None = None
+    snapshot_id: str | None = None
+    branch: str | None = None  # the audit branch kept by a failed audit
+    checks: list[CheckReport] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if self.failed:
+            return "failed"
+        if not self.materialized:
+            return "not run"
+        return "skipped" if self.skipped_reason else "published"
+
+    @property
+    def read(self) -> int | None:
+        if self.rows_read is not None:
+            return self.rows_read
+        if self.rows_written is None:
+            return None
+        return self.rows_written + self.quarantined + self.dropped
+
+    @property
+    def warnings(self) -> bool:
+        return any(c.evaluated and not c.passed for c in self.checks) or self.quarantined > 0
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    job: str
+    stages: list[StageReport]
+    run_failed: bool = False
+    run_error: str = ""
+
+    @property
+    def outcome(self) -> str:
+        if self.run_failed or any(s.status in ("failed", "not run") for s in self.stages):
+            return FAILED
+        return WARNINGS if any(s.warnings for s in self.stages) else SUCCESS
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.outcome]
+
+    def rows(self) -> list[dict[str, Any]]:
+        out = []
+        for s in self.stages:
+            where = (f"snapshot {s.snapshot_id}" if s.snapshot_id and s.snapshot_id != "none" and not s.failed
+                     else f"branch {s.branch} kept" if s.branch else "-")
+            out.append({"asset": s.asset, "status": s.status, "read": _n(s.read), "written": _n(s.rows_written),
+                        "quarantined": s.quarantined if s.materialized or s.quarantined else "-",
+                        "snapshot / branch": where})
+        return out
+
+    def table(self) -> str:
+        """The table `lakehouse run` prints: one line per stage, its checks and why it skipped or failed."""
+        rows = self.rows()
+        cols = ["asset", "status", "read", "written", "quarantined", "snapshot / branch"]
+        width = {c: max([len(c), *(len(str(r[c])) for r in rows)]) for c in cols}
+        right = {"read", "written", "quarantined"}
+
+        def line(r: dict) -> str:
+            return "  ".join(str(r[c]).rjust(width[c]) if c in right else str(r[c]).ljust(width[c])
+                             for c in cols).rstrip()
+
+        label = {SUCCESS: "SUCCESS", WARNINGS: "SUCCESS with warnings", FAILED: "FAILURE"}[self.outcome]
+        out = [f"run {self.run_id} ({self.job}): {label}", line({c: c for c in cols}),
+               line({c: "-" * width[c] for c in cols})]
+        for s, r in zip(self.stages, rows, strict=True):
+            out.append(line(r))
+            if s.checks:
+                out.append("    checks: " + "; ".join(c.text() for c in s.checks))
+            if s.skipped_reason:
+                out.append(f"    skipped: {s.skipped_reason}")
+            if s.failure:
+                out.append(f"    failed: {s.failure}")
+            elif s.status == "not run":
+                out.append("    not run: an upstream stage failed, or the run stopped before it")
+        if self.run_error and not any(s.failure for s in self.stages):
+            out.append(f"run failed: {self.run_error}")
+        return "\n".join(out)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "job": self.job, "outcome": self.outcome,
+                "stages": [{**asdict(s), "status": s.status, "rows_read": s.read} for s in self.stages]}
+
+    def tags(self) -> dict[str, str]:
+        """The run's Dagster tags: the outcome, and per stage a compact line (the UI shows tags)."""
+        compact = [{"asset": s.asset, "status": s.status, "read": s.read, "written": s.rows_written,
+                    "quarantined": s.quarantined, "skipped": s.skipped_reason, "snapshot": s.snapshot_id,
+                    "branch": s.branch,
+                    "checks": {c.name: ("ok" if c.passed else f"{c.severity}:{c.failed_rows or 0}") if c.evaluated
+                               else "not evaluated" for c in s.checks}} for s in self.stages]
+        return {"lakehouse/outcome": self.outcome,
+                "lakehouse/summary": json.dumps(compact, separators=(",", ":"), default=str)}
+
+
+def _n(v: int | None) -> str:
+    return "-" if v is None else str(v)

@@ -1,0 +1,174 @@
+"""The pre-run check against the live catalog, the run summary's content, and reading the tables
+with DuckDB — all without Spark (PyIceberg writes the tables these tests read)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from lakehouse.cli import main as cli
+from lakehouse.metadata.loader import load_metadata
+from lakehouse.preflight import problems_for
+from lakehouse.run_summary import FAILED, SUCCESS, WARNINGS, CheckReport, RunSummary, StageReport
+from tests.test_static_checks import SHOP, shop
+
+SHOP_NO_COLUMNS = SHOP.replace("""    columns:
+      - {name: order_id, type: bigint}
+      - {name: customer_id, type: bigint}
+      - {name: amount, type: "decimal(10,2)"}
+      - {name: order_ts, type: timestamp}
+""", "")
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    h = tmp_path / "home"
+    h.mkdir()
+    monkeypatch.setenv("LAKEHOUSE_HOME", str(h))
+    for v in ("LAKEHOUSE_CONTROL_DB_URL", "LAKEHOUSE_CATALOG_URI", "LAKEHOUSE_WAREHOUSE", "LAKEHOUSE_CATALOG_NAME",
+              "DAGSTER_HOME"):
+        monkeypatch.delenv(v, raising=False)
+    return h
+
+
+def make_table(home: Path, ident: str, schema: pa.Schema, rows: dict) -> None:
+    """A real Iceberg table in the home's embedded catalog, written by PyIceberg."""
+    from lakehouse.catalog import pyiceberg_catalog
+    from lakehouse.settings import load_settings
+
+    cat = pyiceberg_catalog(load_settings())
+    ns = ident.split(".")[0]
+    if (ns,) not in cat.list_namespaces():
+        cat.create_namespace(ns)
+    table = cat.create_table(ident, schema=schema)
+    table.append(pa.table(rows, schema=schema))
+    cat.engine.dispose()
+
+
+def files_state(home: Path) -> dict[str, str]:
+    return {str(p.relative_to(home)): hashlib.md5(p.read_bytes()).hexdigest() for p in sorted(home.rglob("*"))
+            if p.is_file()}
+
+
+ORDERS = pa.schema([("order_id", pa.int64()), ("customer_id", pa.int64()), ("amount", pa.float64()),
+                    ("order_ts", pa.timestamp("us"))])
+
+
+def test_validate_checks_against_the_live_catalog_read_only(home, tmp_path, capsys):
+    """bronze.orders exists without `amount`; the files source declares no columns, so only the live
+    table can tell that silver's SQL reads a column that is not there. The catalog is not touched."""
+    no_amount = pa.schema([f for f in ORDERS if f.name != "amount"])
+    make_table(home, "bronze.orders", no_amount, {"order_id": [1], "customer_id": [2], "order_ts": [None]})
+    meta = shop(tmp_path, SHOP_NO_COLUMNS)
+    before = files_state(home)
+    assert cli(["metadata", "validate", str(meta)]) == 2
+    err = capsys.readouterr().err
+    assert ("reads column 'amount', which none of its tables has (bronze.orders: order_id, customer_id, order_ts)"
+            in err), err
+    assert files_state(home) == before  # not even a -wal / -shm file
+
+
+def test_preflight_sees_what_changed_since_validate(tmp_path):
+    cat = load_metadata(shop(tmp_path)).catalog
+    stages = cat.stages_of("shop")
+    # a run of the whole pipeline: every planned table follows the metadata, nothing to object
+    assert problems_for(cat, stages, {}) == []
+    # a run of gold alone: silver.orders does not exist, and this run does not write it
+    gold = [cat.stage("shop", "sales")]
+    (msg,) = problems_for(cat, gold, {})
+    assert msg == ("control DB stages['shop', 4]: stage shop.sales reads silver.orders, which does not exist yet "
+                   "and is not written by this run. Fix: run stage shop.clean_orders first, or in the same run")
+    # silver.orders was rebuilt by hand without order_day since the metadata was validated
+    (msg,) = problems_for(cat, gold, {"silver.orders": {"order_id": "bigint", "revenue_total": "double"}})
+    assert msg.startswith("control DB stages['shop', 4].transformation: the SQL at line 1, column 8 reads column "
+                          "'order_day', which none of its tables has (silver.orders: order_id, revenue_total)")
+    # a rule edited with plain SQL in the control DB (never validated) is caught too
+    rs = cat.rule_set("silver_rules")
+    rs.rules[0].columns = ["order_timestamp"]
+    probs = problems_for(cat, stages, {})
+    assert probs == ["control DB validation_rules['silver_rules'].rules[0]: rule 'ts_present' (stage "
+                     "shop.clean_orders) checks column(s) ['order_timestamp'], which silver.orders does not have (its "
+                     "columns: order_id, customer_id, amount, order_day, from its SQL). Fix: use one of those columns, "
+                     "or make the stage output it"]
+
+
+def summary_with_warn_quarantine_and_skip() -> RunSummary:
+    return RunSummary("r1", "shop_job", [
+        StageReport("bronze/orders", "shop.ingest_orders", materialized=True, rows_written=97, quarantined=3,
+                    snapshot_id="111", checks=[CheckReport("id_present", False, "warn", 3, "3 of 100 quarantined"),
+                                               CheckReport("not_empty", True, "error", 0)]),
+        StageReport("bronze/customers", "shop.ingest_customers", materialized=True, rows_written=0, rows_read=0,
+                    skipped_reason="no new rows in source 'customers_db'", snapshot_id="222",
+                    checks=[CheckReport("pk_unique", True, "error", evaluated=False)]),
+        StageReport("silver/orders", "shop.clean_orders", materialized=True, rows_written=90, dropped=7,
+                    snapshot_id="333", checks=[CheckReport("amount_small", False, "warn", 2, "2 of 90 rows fail")]),
+    ])
+
+
+def test_run_summary_rows_outcome_and_exit_code():
+    s = summary_with_warn_quarantine_and_skip()
+    assert s.outcome == WARNINGS and s.exit_code == 3
+    assert s.rows() == [
+        {"asset": "bronze/orders", "status": "published", "read": "100", "written": "97", "quarantined": 3,
+         "snapshot / branch": "snapshot 111"},
+        {"asset": "bronze/customers", "status": "skipped", "read": "0", "written": "0", "quarantined": 0,
+         "snapshot / branch": "snapshot 222"},
+        {"asset": "silver/orders", "status": "published", "read": "97", "written": "90", "quarantined": 0,
+         "snapshot / branch": "snapshot 333"}]
+    table = s.table()
+    assert table.splitlines()[0] == "run r1 (shop_job): SUCCESS with warnings"
+    assert "    checks: id_present warn 3 failing; not_empty ok" in table
+    assert "    skipped: no new rows in source 'customers_db'" in table
+    assert "    checks: pk_unique not evaluated" in table
+    tags = s.tags()
+    assert tags["lakehouse/outcome"] == WARNINGS
+    assert json.loads(tags["lakehouse/summary"])[0]["checks"] == {"id_present": "warn:3", "not_empty": "ok"}
+
+    s.stages[2] = StageReport("silver/orders", failed=True, failure="blocking rule(s) amount_small",
+                              branch="audit_r1", snapshot_id=None,
+                              checks=[CheckReport("amount_small", False, "error", 2)])
+    s.stages.append(StageReport("gold/sales"))
+    assert s.outcome == FAILED and s.exit_code == 1
+    text = s.table()
+    assert "silver/orders     failed" in text and "branch audit_r1 kept" in text
+    assert "    failed: blocking rule(s) amount_small" in text and "amount_small FAILED 2 failing" in text
+    assert "gold/sales        not run" in text
+    assert RunSummary("r2", "j", [StageReport("a/b", materialized=True, rows_written=1)]).outcome == SUCCESS
+
+
+def test_tables_are_readable_with_duckdb_as_the_readme_shows(tmp_path, monkeypatch, capsys):
+    """The README's DuckDB snippet, run as written (offline: the extension comes from the installed
+    duckdb-ext-* wheels), reads a real Iceberg table of the embedded catalog."""
+    home = tmp_path / ".lakehouse"
+    home.mkdir()
+    monkeypatch.setenv("LAKEHOUSE_HOME", str(home))
+    for v in ("LAKEHOUSE_CATALOG_URI", "LAKEHOUSE_WAREHOUSE", "LAKEHOUSE_CATALOG_NAME"):
+        monkeypatch.delenv(v, raising=False)
+    daily = pa.schema([("event_date", pa.date32()), ("total_events", pa.int64()), ("unique_users", pa.int64())])
+    import datetime as dt
+
+    make_table(home, "gold.daily_user_events", daily, {"event_date": [dt.date(2024, 1, 1), dt.date(2024, 1, 2)],
+                                                       "total_events": [10, 20], "unique_users": [3, 4]})
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    snippet = readme.split("<!-- duckdb -->")[1].split("```python")[1].split("```")[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(snippet, "README.md (duckdb)", "exec"), {})  # noqa: S102 - our own documentation
+    out = capsys.readouterr().out.strip()
+    assert out == "[(datetime.date(2024, 1, 1), 10, 3), (datetime.date(2024, 1, 2), 20, 4)]"
+
+
+@pytest.mark.parametrize("bad", ["SELECT 1 AS x; SELECT 2", "DROP TABLE silver.orders"])
+def test_inline_sql_problems_name_the_yaml_key(tmp_path, bad):
+    meta = shop(tmp_path, SHOP.replace('"SELECT order_day, sum(amount) AS revenue FROM silver.orders GROUP BY '
+                                       'order_day"', json.dumps(bad)))
+    from lakehouse.metadata.loader import MetadataError
+
+    with pytest.raises(MetadataError) as exc:
+        load_metadata(meta)
+    (msg,) = exc.value.problems
+    assert msg.startswith(f"{meta / 'shop.yaml'}: stages[3].transformation: the stage's SQL ")
+
