@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import sqlglot
@@ -88,6 +89,23 @@ def parse_query(sql: str, dialect: str = DIALECT) -> exp.Query:
         raise SqlParseError(f"is {'an' if kind[0] in 'AEIOU' else 'a'} {kind} statement, not a query; a stage's SQL must be one SELECT (or "
                             "WITH … SELECT) producing the target's rows — the platform writes the table itself",
                             line, 1, f"{kind} statement")
+    return tree
+
+
+@functools.lru_cache(maxsize=4096)
+def _query_or_error(sql: str, dialect: str) -> tuple[exp.Query | None, SqlParseError | None]:
+    try:
+        return parse_query(sql, dialect), None
+    except SqlParseError as exc:
+        return None, exc
+
+
+def shared_query(sql: str, dialect: str = DIALECT) -> exp.Query:
+    """`parse_query`, parsed once per text and shared: callers must not modify the tree (copy it,
+    or call parse_query, to rewrite). Validation looks at each stage's SQL several times."""
+    tree, err = _query_or_error(sql, dialect)
+    if err is not None:
+        raise SqlParseError(str(err), err.line, err.col, err.reason)
     return tree
 
 

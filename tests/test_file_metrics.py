@@ -156,7 +156,9 @@ targets:
   - {target_id: stats_target, namespace: %(ns)s, table: events, write_mode: append}
 stages:
   - {pipeline_id: stats, stage_order: 1, stage_name: load, layer: silver, target_id: stats_target,
-     transformation: "SELECT 1 AS x", validation_set_id: stats_rules}
+     # the rows come from the test's batches; the SQL only declares the columns the rules check
+     transformation: "SELECT 'e' AS event_id, 1.0D AS amount, 'a' AS kind, current_timestamp() AS event_ts",
+     validation_set_id: stats_rules}
 validation_rules:
   - rule_set_id: stats_rules
     rules:

@@ -233,9 +233,25 @@ def test_full_load_replaces_bronze_atomically_and_never_leaks_the_password(platf
     assert not any((platform.settings.staging_dir / "jdbc" / "pg_src").glob("*/*.parquet"))
 
 
+def _apply_behind_validation(platform, tmp_path, doc: dict) -> None:
+    """`metadata apply` refuses the write mode (tests/test_static_checks.py); an operator's plain-SQL
+    edit of the control DB gets past it, and the extract still refuses to run."""
+    from lakehouse.metadata.loader import MetadataError
+    from lakehouse.metadata.model import Target
+
+    with pytest.raises(MetadataError, match="targets\\[0\\].write_mode"):
+        apply_yaml(platform, tmp_path, doc)
+    bad = Target(**doc["targets"][0])
+    doc["targets"][0] = {**doc["targets"][0], "write_mode": "merge", "merge_keys": doc["sources"][0].get(
+        "primary_key") or ["id"]}
+    apply_yaml(platform, tmp_path, doc)
+    platform.store.upsert([bad])
+
+
 def test_wrong_write_mode_for_full_load_is_a_clear_error(platform, src_db, tmp_path):
     src_db.execute("CREATE TABLE t (id int PRIMARY KEY)")
-    apply_yaml(platform, tmp_path, pipeline_doc(src_db, {"table": "t"}, {"table": "t", "write_mode": "append"}))
+    _apply_behind_validation(platform, tmp_path, pipeline_doc(src_db, {"table": "t"},
+                                                              {"table": "t", "write_mode": "append"}))
     with pytest.raises(jdbc.JdbcSourceError, match="full load but target 'bronze_t' has write_mode 'append'"):
         StageRunner(platform, "db_etl", "ingest").extract()
 
@@ -342,7 +358,7 @@ def test_crash_between_read_and_commit_loses_and_doubles_nothing(platform, src_d
 
 def test_incremental_needs_merge_target(platform, src_db, tmp_path):
     src_db.execute("CREATE TABLE t (id int PRIMARY KEY, u int)")
-    apply_yaml(platform, tmp_path, pipeline_doc(
+    _apply_behind_validation(platform, tmp_path, pipeline_doc(
         src_db, {"table": "t", "load_type": "incremental", "primary_key": ["id"], "watermark_column": "u"},
         {"table": "t", "write_mode": "append"}))
     with pytest.raises(jdbc.JdbcSourceError, match="set write_mode: merge"):

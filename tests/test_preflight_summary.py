@@ -172,3 +172,89 @@ def test_inline_sql_problems_name_the_yaml_key(tmp_path, bad):
     (msg,) = exc.value.problems
     assert msg.startswith(f"{meta / 'shop.yaml'}: stages[3].transformation: the stage's SQL ")
 
+
+
+THROTTLED = SHOP + """
+throttles:
+  - {throttle_id: one_reader, entity_type: source, entity_id: orders_raw, metric: max_concurrent, threshold: 1}
+"""
+
+
+def test_apply_syncs_the_headless_instance_and_says_what_is_not_enforced(home, tmp_path, monkeypatch, capsys):
+    import dagster as dg
+
+    meta = shop(tmp_path, THROTTLED)
+    monkeypatch.setenv("LAKEHOUSE_DAGSTER_EPHEMERAL", "1")
+    assert cli(["metadata", "apply", str(meta)]) == 0
+    err = capsys.readouterr().err
+    assert ("warning: throttle source:orders_raw (max_concurrent 1) is NOT enforced: LAKEHOUSE_DAGSTER_EPHEMERAL is "
+            "set") in err
+    assert not (home / "dagster_home").exists()
+
+    monkeypatch.delenv("LAKEHOUSE_DAGSTER_EPHEMERAL")
+    assert cli(["metadata", "apply", str(meta)]) == 0
+    out, err = capsys.readouterr()
+    assert f"dagster pools ({home / 'dagster_home'}): set source:orders_raw=1" in out and "NOT enforced" not in err
+    template = Path(__file__).resolve().parent.parent / "deploy" / "dagster.dev.yaml"
+    assert (home / "dagster_home" / "dagster.yaml").read_text() == template.read_text()
+    instance = dg.DagsterInstance.get()
+    assert {p.name: p.limit for p in instance.event_log_storage.get_pool_limits()}["source:orders_raw"] == 1
+    from lakehouse.throughput.instance import unenforced
+
+    cat = load_metadata(meta).catalog
+    assert unenforced(cat, instance) == []
+    instance.event_log_storage.set_concurrency_slots("source:orders_raw", 3)  # changed behind our back
+    assert unenforced(cat, instance) == ["throttle source:orders_raw (max_concurrent 1) is NOT enforced: the "
+                                         "instance's pool limit is 3; run `lakehouse pools sync`"]
+
+
+def test_slots_of_a_killed_headless_run_are_freed(home, tmp_path, monkeypatch):
+    """kill -9 of a `lakehouse run` leaves its pool slot claimed and no daemon to free it: the next
+    headless run frees the slots of runs whose process on this host is gone."""
+    import socket
+    import subprocess
+
+    import dagster as dg
+    from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
+
+    from lakehouse.throughput.instance import HOST_TAG, PID_TAG, free_stale_slots
+
+    dh = home / "dagster_home"
+    dh.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(dh))
+    (dh / "dagster.yaml").write_text((Path(__file__).resolve().parent.parent / "deploy" / "dagster.dev.yaml")
+                                     .read_text())
+    instance = dg.DagsterInstance.get()
+    storage = instance.event_log_storage
+    storage.set_concurrency_slots("source:s", 1)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    alive_run = instance.add_run(DagsterRun(job_name="j", run_id="a" * 32, status=DagsterRunStatus.STARTED,
+                                            tags={PID_TAG: str(__import__("os").getpid()),
+                                                  HOST_TAG: socket.gethostname()}))
+    dead_run = instance.add_run(DagsterRun(job_name="j", run_id="d" * 32, status=DagsterRunStatus.STARTED,
+                                           tags={PID_TAG: str(gone.pid), HOST_TAG: socket.gethostname()}))
+    storage.set_concurrency_slots("source:t", 1)
+    assert storage.claim_concurrency_slot("source:s", dead_run.run_id, "x__extract").is_claimed
+    assert storage.claim_concurrency_slot("source:t", alive_run.run_id, "y__extract").is_claimed
+    assert free_stale_slots(instance) == [dead_run.run_id]
+    assert storage.get_concurrency_info("source:s").claimed_slots == []
+    assert len(storage.get_concurrency_info("source:t").claimed_slots) == 1  # a live run keeps its slot
+    assert instance.get_run_by_id(dead_run.run_id).status == DagsterRunStatus.FAILURE
+
+
+def test_preflight_reads_only_the_tables_of_its_stages(tmp_path):
+    cat = load_metadata(shop(tmp_path)).catalog
+    asked: list[str] = []
+
+    class Recorder(dict):
+        def get(self, key, default=None):
+            asked.append(key)
+            return super().get(key, default)
+
+    assert problems_for(cat, [cat.stage("shop", "ingest_orders")], Recorder()) == []
+    assert set(asked) == {"bronze.orders"}
+    asked.clear()
+    problems_for(cat, [cat.stage("shop", "sales")], Recorder({"silver.orders": {"order_day": "date",
+                                                                                 "amount": "double"}}))
+    assert set(asked) == {"silver.orders", "gold.sales"}  # not bronze: silver is read as it is now

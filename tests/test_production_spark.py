@@ -75,12 +75,13 @@ def test_demo_pipeline_runs_on_a_standalone_cluster(standalone_cluster, tmp_path
            "LAKEHOUSE_SPARK_CONF__spark.driver.host": "127.0.0.1",
            "LAKEHOUSE_SPARK_CONF__spark.driver.bindAddress": "127.0.0.1"},
     )
-    env.pop("DAGSTER_HOME")  # an ephemeral Dagster instance is enough here
+    env.pop("DAGSTER_HOME")  # headless: the instance under LAKEHOUSE_HOME is created by the CLI
     lakehouse_cli(env, "metadata", "apply", str(REPO / "metadata" / "demo"))
     lakehouse_cli(env, "demo", "--rows", "800", "--files", "2", "--seed", "21")
-    out = lakehouse_cli(env, "run", "user_events_etl", timeout=900).stdout
-    assert "SUCCESS" in out, out
-    assert "materialized gold/daily_user_events" in out
+    # exit 3: success with warnings (the demo quarantines its records without an id)
+    out = lakehouse_cli(env, "run", "user_events_etl", timeout=900, ok=(0, 3)).stdout
+    assert "SUCCESS" in out.splitlines()[0], out
+    assert any(ln.split()[:2] == ["gold/daily_user_events", "published"] for ln in out.splitlines()), out
 
     # the driver registered with the master as an application, and executors ran on the worker
     apps = master_state(standalone_cluster["web_port"])

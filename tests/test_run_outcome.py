@@ -91,7 +91,22 @@ def test_run_summary_with_warn_failure_quarantine_and_skip(platform, settings, u
     # -v keeps Dagster's event stream
     land(settings, ns, [{"id": 9, "v": "z", "amount": 1.0}], "f2.jsonl")
     assert cli(["run", f"{ns}_p", "-v"]) == 0  # nothing failing this time
-    assert "STEP_START" in capsys.readouterr().err + "".join(lines)  # the console logger writes to stderr
+    out, err = capsys.readouterr()
+    assert "STEP_START" in out + err
+    assert any(ln.startswith("run ") and ln.endswith(f"({ns}_p_job): SUCCESS") for ln in out.splitlines()), out
+
+    # a run launched elsewhere (UI, schedule, sensor) gets the same tags from the summary sensor
+    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.run_summary import build_run_summary_sensor
+
+    land(settings, ns, [{"id": 10, "v": "y", "amount": 250.0}], "f3.jsonl")
+    job = build_definitions(platform).resolve_job_def(f"{ns}_p_job")
+    ui_run = job.execute_in_process(instance=instance, raise_on_error=False).run_id
+    assert "lakehouse/outcome" not in instance.get_run_by_id(ui_run).tags
+    tick = build_run_summary_sensor().evaluate_tick(dg.build_sensor_context(instance=instance))
+    assert f"{ui_run[:8]} success_with_warnings" in tick.skip_message
+    ui = {s["asset"]: s for s in json.loads(instance.get_run_by_id(ui_run).tags["lakehouse/summary"])}
+    assert ui["bronze/events"]["checks"]["amount_small"] == "warn:1" and ui["bronze/events"]["written"] == 1
 
 
 def test_a_configuration_mistake_stops_the_run_before_its_first_write(platform, settings, unique_ns, tmp_path,

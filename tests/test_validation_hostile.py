@@ -5,11 +5,24 @@ reason; no other table is touched."""
 
 from __future__ import annotations
 
+import textwrap
+
 import pyarrow as pa
+import yaml
 
 from lakehouse.metadata.model import Rule
 from lakehouse.validation.rules import RuleError, check_expression
-from tests.test_wap_helpers import ORDER_SCHEMA, apply, checks, land, land_customers, md, order, rows_of, run
+from tests.test_wap_helpers import (
+    ORDER_SCHEMA,
+    apply,
+    land,
+    land_customers,
+    materialized,
+    order,
+    pyiceberg,
+    rows_of,
+    run,
+)
 
 WEIRD = "we`ird 'col\""
 
@@ -29,25 +42,46 @@ RULES = f"""
 
 
 def test_hostile_rules_and_identifiers_do_not_inject(platform, tmp_path):
-    apply(platform, tmp_path, RULES)
+    import pytest
+
+    from lakehouse.metadata.loader import MetadataError
+    from lakehouse.metadata.model import ValidationRuleSet
+    from lakehouse.runner import StageRunner
+
+    # `metadata apply` refuses the rules that are not one boolean expression, before anything runs
+    with pytest.raises(MetadataError) as exc:
+        apply(platform, tmp_path, RULES)
+    refused = {p.split("rule '")[1].split("'")[0] for p in exc.value.problems}
+    assert refused == {"inject_statement", "inject_subquery", "aggregate", "paren_escape"}, exc.value.problems
+    assert platform.store.load().pipelines == []
+    # defence in depth: an operator puts them in the control DB with plain SQL, past validation
+    apply(platform, tmp_path, "- {name: placeholder, type: row_count, min: 0}")
+    rules = yaml.safe_load(textwrap.dedent(RULES))
+    platform.store.upsert([ValidationRuleSet(rule_set_id="order_rules", rules=rules)])
     land_customers(platform, ids=(1, 2))
     assert run(platform, "customers_etl").success
     schema = ORDER_SCHEMA.append(pa.field(WEIRD, pa.string()))
     land(platform, "orders", "b1", [{**order(1), WEIRD: "x"}, {**order(2), WEIRD: None}, {**order(3), WEIRD: "y"}],
          schema)
+    # a Dagster run checks its stages first and stops before writing anything (lakehouse.preflight)
     res = run(platform)
-    assert res.success  # every hostile rule is warn-only; the one error rule is fine and passes
-    ev = checks(res)
+    assert not res.success and not materialized(res)
+    assert not pyiceberg(platform).table_exists("bronze.orders")
+    # the stage run directly (no pre-run check) evaluates them: each fails with a reason, none injects
+    runner = StageRunner(platform, "orders_etl", "ingest")
+    outcome = runner.load(runner.extract())
+    assert outcome.published  # every hostile rule is warn-only; the one error rule is fine and passes
+    ev = {o.rule.name: o for o in outcome.checks}
 
     # a column whose name has backticks and quotes is just a column
-    assert (ev["weird_present"].passed, md(ev["weird_present"])["failed_rows"]) == (False, 1)
-    assert md(ev["weird_present"])["rule_expression"] == "`we``ird 'col\"` IS NOT NULL"
+    assert (ev["weird_present"].passed, ev["weird_present"].failed_rows) == (False, 1)
+    assert ev["weird_present"].expression == "`we``ird 'col\"` IS NOT NULL"
     # values and patterns are literals: they match nothing, so every row fails
-    assert (ev["hostile_value"].passed, md(ev["hostile_value"])["failed_rows"]) == (False, 3)
-    assert (ev["hostile_regex_value"].passed, md(ev["hostile_regex_value"])["failed_rows"]) == (False, 3)
+    assert (ev["hostile_value"].passed, ev["hostile_value"].failed_rows) == (False, 3)
+    assert (ev["hostile_regex_value"].passed, ev["hostile_regex_value"].failed_rows) == (False, 3)
     # a column name that tries to break out of its quotes is an unknown column
     assert ev["hostile_column"].passed is False
-    assert "not in the dataset" in md(ev["hostile_column"])["message"]
+    assert "not in the dataset" in ev["hostile_column"].message
     reasons = {
         "inject_statement": "must be one expression",
         "inject_subquery": "not a statement or subquery",
@@ -57,8 +91,8 @@ def test_hostile_rules_and_identifiers_do_not_inject(platform, tmp_path):
     }
     for name, reason in reasons.items():
         assert ev[name].passed is False, name
-        assert reason in md(ev[name])["message"], (name, md(ev[name])["message"])
-        assert name in md(ev[name])["message"]
+        assert reason in ev[name].message, (name, ev[name].message)
+        assert name in ev[name].message
     assert ev["fine_expression"].passed is True
 
     # nothing else was touched

@@ -32,6 +32,7 @@ from lakehouse.metadata.model import (
     Target,
 )
 from lakehouse.sqlparse import DIALECT, SqlParseError, table_name
+from lakehouse.sqlparse import error_position as _position
 
 LAYER_RANK = {"entity_raw": 0, "bronze": 1, "silver": 2, "gold": 3}
 DEFAULT_PIPELINE = "sql_import"
@@ -74,26 +75,6 @@ class ImportResult:
                         row[k] = _Literal(row[k].rstrip() + "\n")
         body = yaml.safe_dump(doc, sort_keys=False, width=100)
         return (header + body) if header else body
-
-
-def _position(text: str, exc: ParseError | TokenError) -> tuple[Any, Any, str]:
-    if isinstance(exc, ParseError) and exc.errors:
-        e = exc.errors[0]
-        desc = (e.get("description") or str(exc)).split(" <Token")[0].rstrip()
-        if desc.endswith(" but got"):
-            desc += " the end of the statement"
-        return e.get("line"), e.get("col"), desc
-    cause = str(exc.__cause__ or exc)
-    m = re.search(r"^(.*) from (\d+):(\d+)", cause)
-    if m:  # the tokenizer's "Missing ' from L:C": clamp the column into the line it names
-        line = int(m.group(2))
-        lines = text.splitlines() or [""]
-        body = lines[min(line, len(lines)) - 1]
-        col = int(m.group(3))
-        if col > len(body) + 1:
-            col = max(body.rfind(m.group(1)[-1]), 0) + 1
-        return line, col, m.group(1)
-    return None, None, cause
 
 
 def parse_statements(text: str, file_name: str = "<sql>", dialect: str = DIALECT) -> list[exp.Expression]:

@@ -14,6 +14,7 @@ against the live catalog before its first write (`lakehouse.preflight`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -62,9 +63,16 @@ def at_position(sql_file: SqlFile, stage: Stage, line: int | None, col: int | No
 def check_stages(catalog: MetadataCatalog, locate: Locate, sql_file: SqlFile, *, live: LiveSchemas | None = None,
                  planned: set[str] | None = None, only: set[tuple[str, str]] | None = None) -> list[Problem]:
     """Every static problem of the stages (all, or those in `only` as (pipeline_id, stage_name))."""
-    from lakehouse.sqlparse import SqlParseError, parse_query
+    from lakehouse.sqlparse import SqlParseError, shared_query
 
-    derived = derive_columns(catalog, live, planned)
+    needed = None
+    if only is not None:  # the stages asked for, and the datasets their referential rules look up
+        needed = {s.target_id for s in catalog.stages if (s.pipeline_id, s.stage_name) in only}
+        for s in catalog.stages:
+            if (s.pipeline_id, s.stage_name) in only:
+                needed |= {t.target_id for r in stage_rules(catalog, s) if r.type == "referential_integrity"
+                           for t in catalog.targets if r.ref_dataset in (t.target_id, t.identifier)}
+    derived = derive_columns(catalog, live, planned, needed)
     targets = {t.target_id: t for t in catalog.targets}
     sources = {s.source_id: s for s in catalog.sources}
     problems: list[Problem] = []
@@ -79,7 +87,7 @@ def check_stages(catalog: MetadataCatalog, locate: Locate, sql_file: SqlFile, *,
 
         if stage.transformation:
             try:
-                parse_query(stage.transformation)
+                shared_query(stage.transformation)
             except SqlParseError as exc:
                 pos = at_position(sql_file, stage, exc.line, exc.col)
                 msg = (f"cannot parse SQL{pos}: {exc.reason}" if str(exc).startswith("cannot parse")
@@ -192,20 +200,27 @@ def _rule_problems(rule: Rule, sc: StageColumns, tgt: Target, derived: dict[str,
 
 
 def _expression_problems(rule: Rule, sc: StageColumns) -> list[str]:
+    error, names = _expression_columns(rule.expression, rule.name)
+    if error:
+        return [f"{error}. Fix: write one Spark SQL boolean condition over the row's columns, e.g. `amount >= 0`"]
+    missing = [n for n in names if sc.has(n) is False]
+    if missing:
+        return [f"expression {rule.expression!r} uses column(s) {missing}, which the dataset does not have (its "
+                f"columns: {_cols(sc)}, from {sc.origin}). Fix: use those columns"]
+    return []
+
+
+@functools.lru_cache(maxsize=4096)
+def _expression_columns(expression: str, rule_name: str) -> tuple[str | None, tuple[str, ...]]:
+    """(why it is not one row-level boolean expression, or None; the columns it reads)."""
     import sqlglot
     from sqlglot import exp
 
     from lakehouse.validation.rules import RuleError, check_expression
 
     try:
-        check_expression(rule.expression, rule.name)
+        check_expression(expression, rule_name)
     except RuleError as exc:
-        text = str(exc).replace(f"rule {rule.name!r}: ", "", 1)
-        return [f"{text}. Fix: write one Spark SQL boolean condition over the row's columns, e.g. `amount >= 0`"]
-    tree = sqlglot.parse_one(rule.expression, read="spark")
-    names = sorted({c.parts[0].name for c in tree.find_all(exp.Column) if c.parts})
-    missing = [n for n in names if sc.has(n) is False]
-    if missing:
-        return [f"expression {rule.expression!r} uses column(s) {missing}, which the dataset does not have (its "
-                f"columns: {_cols(sc)}, from {sc.origin}). Fix: use those columns"]
-    return []
+        return str(exc).replace(f"rule {rule_name!r}: ", "", 1), ()
+    tree = sqlglot.parse_one(expression, read="spark")
+    return None, tuple(sorted({c.parts[0].name for c in tree.find_all(exp.Column) if c.parts}))

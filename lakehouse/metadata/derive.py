@@ -74,11 +74,11 @@ def stage_rules(catalog: MetadataCatalog, stage: Stage) -> list[Rule]:
 
 def stage_upstreams(catalog: MetadataCatalog, stage: Stage) -> list[str]:
     """Identifiers (db.table, lower case) of the tables a stage reads; [] when it reads a source."""
-    from lakehouse.sqlparse import SqlParseError, parse_query, tables_in_tree
+    from lakehouse.sqlparse import SqlParseError, shared_query, tables_in_tree
 
     if stage.transformation:
         try:
-            return tables_in_tree(parse_query(stage.transformation))
+            return tables_in_tree(shared_query(stage.transformation))
         except SqlParseError:
             return []
     src = next((s for s in catalog.sources if s.source_id == stage.source_id), None)
@@ -89,11 +89,13 @@ def stage_upstreams(catalog: MetadataCatalog, stage: Stage) -> list[str]:
 
 
 def derive_columns(catalog: MetadataCatalog, live: LiveSchemas | None = None,
-                   planned: set[str] | None = None) -> dict[str, StageColumns]:
+                   planned: set[str] | None = None, needed: set[str] | None = None) -> dict[str, StageColumns]:
     """{target_id: StageColumns} for every stage whose target is an iceberg target.
 
     `live`: schemas of tables that exist now. `planned`: target ids a run is about to write; a
     table outside it is read as it is (its live schema wins), one inside it as the metadata says.
+    `needed`: only these targets (and what they read, transitively) — a run's check then reads the
+    live schema of its own tables only.
     """
     import networkx as nx
 
@@ -114,6 +116,16 @@ def derive_columns(catalog: MetadataCatalog, live: LiveSchemas | None = None,
         order = list(nx.topological_sort(graph))
     except nx.NetworkXUnfeasible:  # a cycle: reported by the reference checks
         return {}
+    if needed is not None:  # what they read, transitively, unless a run reads it as it is now
+        keep: set[str] = set()
+        stack = [t for t in needed if t in graph]
+        while stack:
+            t = stack.pop()
+            if t not in keep:
+                keep.add(t)
+                stack += [u for u in graph.predecessors(t) if planned is None or u in planned
+                          or live_of(targets[u].identifier) is None]
+        order = [t for t in order if t in keep]
     by_target = {s.target_id: s for s in stages}
     out: dict[str, StageColumns] = {}
 

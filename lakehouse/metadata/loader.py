@@ -198,7 +198,7 @@ def check_references(loaded: LoadedMetadata, live=None) -> None:
     """Cross-row checks: every reference resolves, stage dataflow is acyclic, targets are unique;
     then the static checks of every stage (lakehouse.metadata.checks), with `live` table schemas."""
     from lakehouse.metadata.checks import check_stages
-    from lakehouse.sqlparse import SqlParseError, parse_query, tables_in_tree
+    from lakehouse.sqlparse import SqlParseError, shared_query, tables_in_tree
 
     c = loaded.catalog
     problems: list[str] = []
@@ -270,7 +270,7 @@ def check_references(loaded: LoadedMetadata, live=None) -> None:
             upstream.append(st.source_id)
         if st.transformation:
             try:
-                for ident in tables_in_tree(parse_query(st.transformation)):
+                for ident in tables_in_tree(shared_query(st.transformation)):
                     t = c.target_by_identifier(ident)
                     if t is None:
                         problems.append(f"{sql_where(st)}: table {ident!r} is not the target of any stage; a "
