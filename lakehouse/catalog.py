@@ -107,6 +107,8 @@ class LiveTables:
         except NoSuchTableError:
             return None
         except Exception as exc:  # noqa: BLE001 - unreadable now: check against the metadata instead
+            if "no such table" in str(exc):  # a catalog database no table was ever created in
+                return None
             log.warning("cannot read the schema of %s (%s); checking it against the metadata only", ident, exc)
             return None
         return {f.name: spark_type(f.field_type) for f in schema.fields}

@@ -321,7 +321,17 @@ class StageRunner:
             reader.load(f"{cat}.{ident}").createOrReplaceTempView(view)
             mapping[ident.lower()] = view
         sql = self.stage.transformation or f"SELECT * FROM {next(iter(mapping.values()))}"
-        return spark.sql(rewrite_tables(sql, mapping))
+        from pyspark.errors import AnalysisException
+
+        try:
+            return spark.sql(rewrite_tables(sql, mapping))
+        except AnalysisException as exc:  # the SQL does not fit the tables: a retry would fail the same way
+            from lakehouse.errors import ConfigurationError
+
+            raise ConfigurationError(
+                f"stage {self.stage.pipeline_id}.{self.stage.stage_name}: its SQL does not fit the tables it reads "
+                f"as they are now: {str(exc).strip().splitlines()[0][:500]}. Fix the SQL (or the upstream "
+                "tables), then run again") from exc
 
     def load(self, plan: ExtractPlan) -> StageOutcome:
         """Write every batch to the run's audit branch, validate it, then publish to main.

@@ -104,8 +104,8 @@ def summarize(events: Iterable[dg.DagsterEvent], run_id: str, job: str,
 
 
 def _root_cause(error) -> str:
-    """The innermost error of a step failure (Dagster wraps it in DagsterExecutionStepExecutionError)."""
-    while getattr(error, "cause", None) is not None:
+    """The error the step raised, without Dagster's DagsterExecutionStepExecutionError wrapper."""
+    while (error.cls_name or "").startswith("Dagster") and getattr(error, "cause", None) is not None:
         error = error.cause
     return f"{error.cls_name}: {error.message}" if error.cls_name else error.message
 
@@ -141,20 +141,20 @@ def build_run_summary_sensor() -> dg.SensorDefinition:
         records = context.instance.get_run_records(
             filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE],
                                   updated_after=since), limit=50, order_by="update_timestamp", ascending=True)
-        todo = [r.dagster_run for r in records if PIPELINE_TAG in r.dagster_run.tags
-                and "lakehouse/outcome" not in r.dagster_run.tags]
+        todo = [r.dagster_run for r in records if "lakehouse/outcome" not in r.dagster_run.tags
+                and (PIPELINE_TAG in r.dagster_run.tags or r.dagster_run.asset_selection)]
         if records:
             newest = max(r.update_timestamp for r in records)
             context.update_cursor((newest if newest.tzinfo else newest.replace(tzinfo=UTC)).isoformat())
-        if not todo:
-            return dg.SkipReason("no finished pipeline run to summarize")
         platform = Platform.from_env()
-        catalog = platform.store.load()
+        catalog = platform.store.load() if todo else None
         done = []
-        for run in todo:
+        for run in todo:  # pipeline jobs, and "Materialize" runs of the asset graph that hold stages
+            if not stage_keys(catalog, run.tags.get(PIPELINE_TAG), run.asset_selection):
+                continue
             summary = summarize_run(context.instance, run.run_id, catalog)
             record(context.instance, platform, summary, run.tags.get(PIPELINE_TAG))
             done.append(f"{run.run_id[:8]} {summary.outcome}")
-        return dg.SkipReason("summarized " + ", ".join(done))
+        return dg.SkipReason("summarized " + ", ".join(done) if done else "no finished pipeline run to summarize")
 
     return run_summary_sensor

@@ -138,3 +138,27 @@ def test_a_configuration_mistake_stops_the_run_before_its_first_write(platform, 
     assert platform.store.audit_entries(run_id=run_id, event="retry") == []
     (pre,) = platform.store.audit_entries(run_id=run_id, event="preflight")
     assert pre.outcome == "failed" and "identifier" in pre.message
+
+
+def test_sql_that_spark_alone_can_refuse_fails_once_as_configuration(platform, settings, unique_ns, tmp_path,
+                                                                      capsys):
+    """sqlglot cannot type LATERAL VIEW for Spark, so the static checks leave this SQL to Spark; its
+    AnalysisException is a ConfigurationError: the stage fails once, not after three retries."""
+    ns = unique_ns
+    md = metadata(ns)
+    md["stages"][2]["transformation"] = (f"SELECT e, no_such_column FROM {ns}_bronze.events "
+                                         "LATERAL VIEW explode(array(id)) x AS e")
+    md["stages"][2].pop("validation_set_id")
+    f = tmp_path / "m.yaml"
+    f.write_text(yaml.safe_dump(md))
+    assert cli(["metadata", "apply", str(f)]) == 0
+    land(settings, ns, [{"id": 1, "v": "a", "amount": 5.0}])
+    capsys.readouterr()
+    assert cli(["run", f"{ns}_p"]) == 1
+    out = capsys.readouterr().out
+    silver = next(ln for ln in out.splitlines() if ln.startswith("    failed:"))
+    assert "ConfigurationError" in silver and "its SQL does not fit the tables it reads" in silver, out
+    run_id = out.split()[1]
+    kinds = [r.dagster_event.event_type_value for r in dg.DagsterInstance.get().all_logs(run_id)
+             if r.dagster_event is not None]
+    assert "STEP_UP_FOR_RETRY" not in kinds and kinds.count("STEP_FAILURE") == 1
