@@ -112,7 +112,7 @@ def load_metadata(path: str | Path, *, check_refs: bool = True, live=None) -> Lo
     rows: dict[str, list[tuple[Entity, Origin]]] = {s: [] for s in SECTIONS}
     for f in metadata_files(root):
         rel = str(f)
-        if not f.resolve().is_relative_to(root_dir.resolve()):
+        if root.is_dir() and not f.resolve().is_relative_to(root_dir.resolve()):
             problems.append(f"{rel}: a symlink to {f.resolve()}, outside the metadata directory {root_dir}; "
                             "copy the file into the directory instead")
             continue
