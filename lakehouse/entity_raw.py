@@ -261,18 +261,18 @@ def resolve_files(platform: Platform, src: Source | None, request: LoadRequest) 
     """(files named by keys or matched by patterns, location prefix for checkpoints)."""
     if src is not None and src.kind == "files":
         from lakehouse.ingest.files import landing_root, local_etag
+        from lakehouse.ingest.paths import confine, walk_files
 
         root = landing_root(src, platform.settings.landing_dir)
         found: dict[str, FileRef] = {}
         for k in request.file_keys:
-            p = root / k
+            p = confine(root, k, f"load request for {request.application!r}: file key")  # no '..', no symlink out
             if not p.is_file():
                 raise FileNotFoundError(f"load request for {request.application!r}: file key {k!r} not found under {root}")
             found[k] = FileRef(k, p.stat().st_size, local_etag(p), str(p))
         for pat in request.patterns:
-            for p in sorted(root.rglob("*")):
-                rel = p.relative_to(root).as_posix()
-                if p.is_file() and fnmatch.fnmatchcase(rel, pat):
+            for rel, p, refused in walk_files(root):
+                if refused is None and fnmatch.fnmatchcase(rel, pat):
                     found[rel] = FileRef(rel, p.stat().st_size, local_etag(p), str(p))
         return sorted(found.values(), key=lambda f: f.key), f"file://{root}/"
     from lakehouse.ingest.s3 import s3_client

@@ -18,6 +18,8 @@ OUT_OF_MEMORY = "OUT_OF_MEMORY"
 SOURCE_UNAVAILABLE = "SOURCE_UNAVAILABLE"
 TRANSIENT_IO = "TRANSIENT_IO"
 SPARK_SESSION_DEAD = "SPARK_SESSION_DEAD"
+STEP_TIMEOUT = "STEP_TIMEOUT"
+JVM_ERROR = "JVM_ERROR"
 STAGE_DISABLED = "STAGE_DISABLED"
 AUDIT_FAILED = "AUDIT_FAILED"
 CONFIGURATION = "CONFIGURATION"  # the metadata cannot work as written: fix it, a retry will not
@@ -32,6 +34,7 @@ _RULES: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     (STAGE_DISABLED, ("StageDisabled",), ()),
     (AUDIT_FAILED, ("AuditFailed",), ()),
     (CONFIGURATION, ("ConfigurationError", "MetadataError", "SqlParseError", "RuleError"), ()),
+    (STEP_TIMEOUT, ("StepTimeout",), (r"cancelled part of cancelled job group",)),
     (ICEBERG_COMMIT_CONFLICT, ("CommitFailedException", "CommitConflict"), (
         r"CommitFailedException",
         r"Cannot commit .*(?:metadata location|changed|conflict)",
@@ -55,6 +58,7 @@ _RULES: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
         r"Encountered error while reading file",
         r"can not read class org\.apache\.parquet",
         r"EOFException",
+        r"Parquet column cannot be converted",  # one file's column has another type than the batch's
     )),
     (SCHEMA_DRIFT, ("SchemaDrift",), (
         r"too many data columns",
@@ -71,6 +75,12 @@ _RULES: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
         r"NoSuchBucket",
         r"The connection attempt failed",
         r"source .* (?:is )?(?:unavailable|down)",
+    )),
+    (JVM_ERROR, ("StackOverflowError", "VirtualMachineError"), (
+        r"java\.lang\.(?:StackOverflowError|InternalError|VirtualMachineError)",
+        r"ExecutorLostFailure",
+        r"Executor heartbeat timed out",
+        r"Remote RPC client disassociated",
     )),
     (SPARK_SESSION_DEAD, (), (
         r"SparkContext (?:was|has been) shut down",
@@ -116,6 +126,12 @@ class ConfigurationError(PlatformError):
     code = CONFIGURATION
 
 
+class StepTimeout(PlatformError):
+    """A step's Spark work ran past its timeout and was cancelled (lakehouse.control.deadline)."""
+
+    code = STEP_TIMEOUT
+
+
 @dataclass(frozen=True)
 class ErrorInfo:
     code: str
@@ -128,6 +144,8 @@ class ErrorInfo:
         return self.code not in NOT_RETRYABLE
 
 
+#: JVM errors that say more than the exception wrapping them: reported as the error's class.
+_FATAL_JVM = ("java.lang.StackOverflowError", "java.lang.OutOfMemoryError", "java.lang.InternalError")
 _JAVA_CLASS = re.compile(r"\b((?:[a-z_][a-z0-9_]*\.)+[A-Z][A-Za-z0-9_$]*(?:Exception|Error))\b")
 
 
@@ -159,5 +177,5 @@ def classify(exc: BaseException) -> ErrorInfo:
                 code = c
                 break
     message = str(exc) or type(exc).__name__
-    error_class = java[0] if java else type(exc).__name__
+    error_class = next((j for j in java if j in _FATAL_JVM), java[0]) if java else type(exc).__name__
     return ErrorInfo(code or UNKNOWN, error_class, message[:4000], tuple(dict.fromkeys(names)))

@@ -33,6 +33,20 @@ def sql_string(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def ddl_type(dtype) -> str:
+    """A Spark type as DDL text with every nested field name quoted (`simpleString` quotes none,
+    so a struct field named `a b` or `größe.x` would not parse)."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if isinstance(dtype, StructType):
+        return "struct<" + ",".join(f"{quote(f.name)}:{ddl_type(f.dataType)}" for f in dtype.fields) + ">"
+    if isinstance(dtype, ArrayType):
+        return f"array<{ddl_type(dtype.elementType)}>"
+    if isinstance(dtype, MapType):
+        return f"map<{ddl_type(dtype.keyType)},{ddl_type(dtype.valueType)}>"
+    return dtype.simpleString()
+
+
 def partition_expr(p: PartitionField) -> str:
     col = quote(p.column)
     if p.transform == "identity":
@@ -113,7 +127,7 @@ class IcebergTables:
         self.ensure_namespace(target.namespace)
         if self.exists(ident):
             return False
-        cols = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}" for f in schema.fields)
+        cols = ", ".join(f"{quote(f.name)} {ddl_type(f.dataType)}" for f in schema.fields)
         ddl = f"CREATE TABLE IF NOT EXISTS {self.qualified(ident)} ({cols}) USING iceberg"
         if target.partition_spec:
             ddl += " PARTITIONED BY (" + ", ".join(partition_expr(p) for p in target.partition_spec) + ")"
@@ -134,7 +148,7 @@ class IcebergTables:
         for f in schema.fields:
             if f.name.lower() not in existing:
                 self.spark.sql(
-                    f"ALTER TABLE {self.qualified(identifier)} ADD COLUMN {quote(f.name)} {f.dataType.simpleString()}"
+                    f"ALTER TABLE {self.qualified(identifier)} ADD COLUMN {quote(f.name)} {ddl_type(f.dataType)}"
                 )
                 added.append(f.name)
         return added

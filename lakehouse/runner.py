@@ -49,6 +49,11 @@ class Platform:
     settings: Settings
     store: MetadataStore
 
+    def __post_init__(self) -> None:
+        from lakehouse.fileperms import apply_umask
+
+        apply_umask()  # what the platform creates is owner-only (LAKEHOUSE_UMASK)
+
     @classmethod
     def from_env(cls) -> Platform:
         s = load_settings()
@@ -207,6 +212,7 @@ class StageRunner:
     # ------------------------------------------------------------------ extract
     def extract(self) -> ExtractPlan:
         self.require_enabled("before extract")
+        from lakehouse.control.deadline import guard_step
         from lakehouse.control.healing import run_with_healing
         from lakehouse.lineage.recovery import extract_with_recovery
 
@@ -216,7 +222,7 @@ class StageRunner:
             from lakehouse.control import faults
 
             faults.inject("extract", self, source_id=self.source_override or self.stage.source_id)
-            return extract_with_recovery(self, self._plan_extract)
+            return guard_step(self, "extract", lambda: extract_with_recovery(self, self._plan_extract))
 
         plan = run_with_healing(self, "extract", attempt)
         if self.healing.events:
@@ -285,11 +291,13 @@ class StageRunner:
         elif plan.kind in ("files", "s3"):
             src = self.source
             from lakehouse.ingest.checkpoints import read_batch
+            from lakehouse.ingest.prepare import prepare_files
 
             todo = [f for f in plan.files if f.key not in self.healing.quarantined_files]
             done = 0  # progress for the run log: files done / total
-            for chunk in file_ingest.batches(todo, self.healing.effective_batch(src.batch_files)):
-                df, good, bad = read_batch(self, spark, src, chunk)
+            prepared = prepare_files(self, spark, src, todo)  # every file probed and reconciled on its own first
+            for chunk in file_ingest.batches(prepared.files, self.healing.effective_batch(src.batch_files)):
+                df, good, bad = read_batch(self, spark, src, chunk, prepared)
                 done += len(chunk)
                 props = {file_ingest.CHECKPOINT_PROPERTY: file_ingest.checkpoint_value(good + bad),
                          "lakehouse.run_id": self.run_id}
@@ -340,9 +348,11 @@ class StageRunner:
         load restarts from a fresh audit branch in the same step; the trail lands in audit_log and
         in the materialization metadata.
         """
+        from lakehouse.control.deadline import guard_step
         from lakehouse.control.healing import run_with_healing
 
-        outcome = run_with_healing(self, "load", lambda: self._load(plan))
+        # the Spark work of each attempt is cancelled past the step's timeout (never a hung run)
+        outcome = run_with_healing(self, "load", lambda: guard_step(self, "load", lambda: self._load(plan)))
         outcome.extra.update({k: v for k, v in plan.details.items() if k.startswith("extract_heal")})
         if self.healing.events or self.healing.total_attempts:
             outcome.extra.update(self.healing.summary())

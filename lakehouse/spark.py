@@ -7,6 +7,7 @@ import os
 import threading
 from pathlib import Path
 
+from lakehouse.fileperms import apply_umask, hadoop_umask
 from lakehouse.settings import Settings
 from lakehouse.sqlite_files import prepare_sqlite
 
@@ -79,6 +80,8 @@ def spark_conf(settings: Settings, app_name: str = "lakehouse") -> dict[str, str
         "spark.driver.memory": os.environ.get("LAKEHOUSE_SPARK_DRIVER_MEMORY", "2g"),
         "spark.sql.sources.partitionOverwriteMode": "dynamic",
         "spark.driver.extraJavaOptions": "-Dderby.system.home=/tmp",
+        # Hadoop chmods each file it writes (warehouse data and metadata) itself: owner-only by default
+        "spark.hadoop.fs.permissions.umask-mode": hadoop_umask(),
     }
     if jars:
         conf["spark.jars"] = ",".join(jars)
@@ -120,6 +123,7 @@ def _ensure_catalog(spark, settings: Settings) -> None:
 
 
 def _prepare_local_dirs(settings: Settings) -> None:
+    apply_umask()  # before the JVM starts: it inherits the process umask
     if settings.warehouse_path is not None:
         settings.warehouse_path.mkdir(parents=True, exist_ok=True)
     prepare_sqlite(settings.catalog_uri)

@@ -8,8 +8,11 @@ writer proceed together; the setting is persistent in the file, so setting it on
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
+
+from lakehouse.fileperms import apply_umask, file_mode
 
 BUSY_TIMEOUT_S = 30
 _DONE: set[Path] = set()
@@ -25,11 +28,14 @@ def sqlite_path(url: str) -> Path | None:
 
 
 def prepare_sqlite(url: str) -> None:
-    """Create the file's folder and switch the database to WAL (idempotent, once per process)."""
+    """Create the file (owner-only) and its folder and switch the database to WAL (idempotent, once per process)."""
     path = sqlite_path(url)
     if path is None or path in _DONE:
         return
+    apply_umask()  # owner-only unless LAKEHOUSE_UMASK says otherwise; -wal/-shm files copy the file's mode
     path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, file_mode()))
     conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S)
     try:
         conn.execute("PRAGMA journal_mode=WAL")

@@ -9,6 +9,8 @@ Faults (each fires at one named point of a stage; `times=N` limits it to the fir
 * `oom` (point batch): raise a java.lang.OutOfMemoryError-like error when a batch has more than
   `rows_above` rows;
 * `source_down` (point extract): the stage's source `source` is unreachable;
+* `hang` (point batch): a Spark job that never finishes (a task sleeping `seconds`, default an
+  hour, inside the JVM), what the step's deadline must cancel;
 * `fail` (point `point`, default extract): raise `message` (default a transient I/O error);
 * `sleep` (point `point`, default extract): hold the step for `seconds` (a slow source: pool drills).
 
@@ -26,7 +28,7 @@ ENV = "LAKEHOUSE_FAULTS"
 _HITS: Counter = Counter()
 _LOCK = threading.Lock()
 
-POINTS = {"commit_conflict": "publish", "oom": "batch", "source_down": "extract"}
+POINTS = {"commit_conflict": "publish", "oom": "batch", "source_down": "extract", "hang": "batch"}
 FREE_POINT = ("fail", "sleep")  # faults whose point is an option (default extract)
 
 
@@ -114,6 +116,12 @@ def inject(point: str, runner: Any = None, **ctx: Any) -> None:
                 import time
 
                 time.sleep(float(opts.get("seconds", "5")))
+        elif name == "hang":
+            if _take(name, opts, run_id):
+                ms = int(float(opts.get("seconds", "3600")) * 1000)
+                # Thread.sleep in an executor task: a job that only a cancellation ends
+                runner.platform.spark().range(1).selectExpr(
+                    f"reflect('java.lang.Thread', 'sleep', CAST({ms} AS BIGINT)) AS slept").collect()
         elif name == "fail":
             if _take(name, opts, run_id):
                 from lakehouse.errors import TransientIO

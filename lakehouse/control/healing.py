@@ -191,8 +191,8 @@ def _corrupt_files(ctx: ActionContext, candidates: list) -> list:
 
 
 def probe_file_readable(runner: StageRunner, source: Any, f: Any) -> bool:
-    """Read one file fully with the source's reader; False if it cannot be read."""
-    from lakehouse.ingest.files import read_files
+    """Read one file fully with the source's reader, with its own schema; False if it cannot be read."""
+    from lakehouse.ingest.prepare import read_alone
 
     path = Path(f.local_path or f.key)
     if not path.exists():
@@ -206,7 +206,7 @@ def probe_file_readable(runner: StageRunner, source: Any, f: Any) -> bool:
         except Exception:  # noqa: BLE001 - any failure to read means unreadable
             return False
     try:
-        read_files(runner.platform.spark(), source, [f]).count()
+        read_alone(runner.platform.spark(), source, f).count()
         return True
     except Exception:  # noqa: BLE001
         return False
@@ -239,7 +239,12 @@ def quarantine_input(ctx: ActionContext) -> ActionResult:
     for f in bad:
         ctx.state.quarantined_files[f.key] = ctx.error.code
         if f.local_path and Path(f.local_path).exists():
-            dest = dest_root / f.key
+            from lakehouse.ingest.paths import PathEscape, confine
+
+            try:  # the copy stays under dest_root whatever the key says ('..', absolute)
+                dest = confine(dest_root, f.key, "file key")
+            except PathEscape:
+                dest = dest_root / "_refused_keys" / re.sub(r"[^A-Za-z0-9_.-]", "_", f.key)[-200:]
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(f.local_path, dest)
             moved.append(str(dest))

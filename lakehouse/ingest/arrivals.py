@@ -67,7 +67,8 @@ def poll_source(platform: Platform, source, cursor: str | None, identifier: str 
     state = json.loads(cursor) if cursor else {"mtime_ns": 0, "seen": []}
     root = landing_root(source, platform.settings.landing_dir)
     files = list_local_files(source, platform.settings.landing_dir)
-    stamped = [(root.joinpath(f.key).stat().st_mtime_ns, f) for f in files]
+    # a refused symlink (status quarantined) may dangle: its own mtime, not its target's
+    stamped = [(((root / f.key).stat() if f.local_path else (root / f.key).lstat()).st_mtime_ns, f) for f in files]
     seen = set(state["seen"])
     new = [(m, f) for m, f in stamped if m > state["mtime_ns"] or (m == state["mtime_ns"] and f"{f.key}@{f.etag}" not in seen)]
     if not new:

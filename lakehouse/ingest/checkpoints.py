@@ -30,17 +30,15 @@ import sqlalchemy as sa
 from lakehouse.iceberg import MAIN, IcebergTables, sql_string
 from lakehouse.ingest.files import (
     CHECKPOINT_PROPERTY,
-    EMPTY,
     PROCESSED,
     QUARANTINED,
     FileRef,
-    probe_file,
-    read_files,
 )
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from lakehouse.ingest.prepare import PreparedFiles
     from lakehouse.metadata.model import Source
     from lakehouse.runner import ExtractPlan, Platform, StageOutcome, StageRunner
 
@@ -308,38 +306,32 @@ def processed_files(platform: Platform, tables: IcebergTables, identifier: str) 
 # --------------------------------------------------------------------------- reading a batch
 
 
-def read_batch(runner: StageRunner, spark: SparkSession, source: Source, chunk: list[FileRef]
-               ) -> tuple[DataFrame | None, list[FileRef], list[FileRef]]:
-    """(frame over the readable files, every file of the chunk with its status, []).
+def read_batch(runner: StageRunner, spark: SparkSession, source: Source, chunk: list[FileRef],
+               prepared: PreparedFiles | None = None) -> tuple[DataFrame | None, list[FileRef], list[FileRef]]:
+    """(frame over the loadable files, every file of the chunk with its status, []).
 
-    Each file is probed before Spark sees it; an empty file is recorded as `empty`, an unreadable
-    one as `quarantined` (checkpoint table + audit_log) and the rest of the batch proceeds.
+    Every file was probed and reconciled on its own before (`lakehouse.ingest.prepare`; done here
+    for the chunk alone when the caller did not): an empty file is recorded as `empty`, an
+    unreadable or unfitting one as `quarantined` (checkpoint table + audit_log), and the rest of
+    the batch proceeds.
     """
     from pyspark.sql import functions as F
 
+    from lakehouse.ingest.prepare import prepare_files
+
     crash_point("before_batch" if not getattr(runner, "_batches_read", 0) else "after_branch_commit")
     runner._batches_read = getattr(runner, "_batches_read", 0) + 1
-    checked: list[FileRef] = []
-    for f in chunk:
-        if f.status != PROCESSED:  # already quarantined during download
-            checked.append(f)
-            continue
-        path = f.local_path or f.key
-        if f.size == 0:
-            checked.append(f.with_status(EMPTY))
-            continue
-        if "://" in path and not path.startswith("file:"):
-            checked.append(f)  # direct s3a:// read: nothing local to probe
-            continue
-        err = probe_file(path, source.format, source.csv_header)
-        checked.append(f if err is None else f.with_status(QUARANTINED, err))
+    if prepared is None:
+        prepared = prepare_files(runner, spark, source, chunk)
+        chunk = prepared.files
+    checked = list(chunk)
     unread = [f for f in checked if f.status != PROCESSED]
     if unread:
         note_unread_files(runner, unread)
     good = [f for f in checked if f.status == PROCESSED]
     if not good:
         return None, checked, []
-    df = read_files(spark, source, good)
+    df = prepared.read(spark, good)
     if not source.lineage_columns:
         return df, checked, []
     staged = {f.local_path: f for f in good if f.local_path and f.local_path != f.key and "://" not in f.local_path}
@@ -359,13 +351,15 @@ def read_batch(runner: StageRunner, spark: SparkSession, source: Source, chunk: 
 
 def note_unread_files(runner: StageRunner, files: list[FileRef]) -> None:
     """Record empty / quarantined files now (no rows depend on them) and tell the run's metadata."""
+    from lakehouse.ingest.prepare import quarantine_class
+
     tables_ident = runner.target.identifier
     Checkpoints(runner.platform, tables_ident).record_files(files, runner.run_id)
     report = runner.__dict__.setdefault("ingest_report", {})
     for f in files:
         if f.status == QUARANTINED:
             report.setdefault("quarantined_files", []).append({"key": f.key, "error": f.error})
-            runner.audit("file_quarantined", error_class="UnreadableFile", outcome="quarantined",
+            runner.audit("file_quarantined", error_class=quarantine_class(f.error), outcome="quarantined",
                          message=f"{f.key}: {f.error}", details={"key": f.key, "etag": f.etag, "size": f.size})
             runner.log.warning("quarantined unreadable file %s: %s", f.key, f.error)
         else:

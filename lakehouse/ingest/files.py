@@ -5,10 +5,12 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lakehouse.ingest.paths import PathEscape, walk_files
 from lakehouse.metadata.model import Source
 
 if TYPE_CHECKING:
@@ -43,28 +45,40 @@ class FileRef:
 
 
 def landing_root(source: Source, landing_dir: Path) -> Path:
+    """The source's directory: an absolute `path` as given, a relative one inside the landing dir."""
     p = Path(source.path or "")
-    return p if p.is_absolute() else landing_dir / p
+    if p.is_absolute():
+        return p
+    if ".." in p.parts:
+        raise PathEscape(f"source {source.source_id!r}: path {source.path!r} has a '..' step and would leave "
+                         f"the landing directory {landing_dir}")
+    return landing_dir / p
 
 
-def local_etag(path: Path) -> str:
-    """Size+mtime fingerprint: cheap, and changes when a file is rewritten in place."""
-    st = path.stat()
-    return hashlib.md5(f"{st.st_size}:{st.st_mtime_ns}".encode(), usedforsecurity=False).hexdigest()
+def local_etag(path: Path, follow: bool = True) -> str:
+    """Size+mtime fingerprint: cheap, and changes when a file is rewritten in place (or, for a
+    refused symlink, re-pointed)."""
+    st = path.stat() if follow else path.lstat()
+    extra = "" if follow else ":" + os.readlink(path)
+    return hashlib.md5(f"{st.st_size}:{st.st_mtime_ns}{extra}".encode(), usedforsecurity=False).hexdigest()
 
 
 def list_local_files(source: Source, landing_dir: Path) -> list[FileRef]:
+    """Matching files under the source's root; a symlink leading out of it is listed as refused
+    (quarantined with the reason), never read."""
     root = landing_root(source, landing_dir)
     if not root.exists():
         return []
     out = []
-    for p in sorted(root.rglob("*")):
-        if not p.is_file() or p.name.startswith((".", "_")):
+    for rel, p, refused in walk_files(root):
+        if p.name.startswith((".", "_")):
             continue
-        rel = p.relative_to(root).as_posix()
         if not fnmatch.fnmatch(rel, source.glob) and not fnmatch.fnmatch(p.name, source.glob):
             continue
-        out.append(FileRef(rel, p.stat().st_size, local_etag(p), str(p)))
+        if refused:
+            out.append(FileRef(rel, p.lstat().st_size, local_etag(p, follow=False), None, QUARANTINED, refused))
+        else:
+            out.append(FileRef(rel, p.stat().st_size, local_etag(p), str(p)))
     return out
 
 
@@ -88,7 +102,8 @@ def checkpoint_value(files: list[FileRef]) -> str:
 
 
 def read_files(spark: SparkSession, source: Source, files: list[FileRef]) -> DataFrame:
-    """Read a batch with Spark in the source's format and expected schema, then promote nested fields."""
+    """Read files with Spark's own schema inference (`read_mode: direct`, where nothing is local to
+    probe); local files go through `lakehouse.ingest.prepare` instead, one schema per file."""
     from pyspark.sql import functions as F
 
     paths = [f.local_path or f.key for f in files]
@@ -114,62 +129,10 @@ def file_refs_to_json(files: list[FileRef]) -> list[dict]:
     return [asdict(f) for f in files]
 
 
-#: JSON / CSV files up to this size are parsed completely by the probe; larger ones head and tail.
-PROBE_FULL_BYTES = 256 * 1024**2
-
-
 def probe_file(path: str, fmt: str, csv_header: bool = True) -> str | None:
-    """A cheap local check that Spark can read the file: None if fine, else the reason.
+    """None if the file can be read, else the reason (default limits; see lakehouse.ingest.probe)."""
+    from lakehouse.ingest.probe import probe_file as probe
+    from lakehouse.metadata.model import FileLimits
 
-    Parquet: the footer (pyarrow reads only the metadata). JSON lines: every line parses (head
-    and tail for very large files). CSV: UTF-8 and one field count throughout. A bad file found
-    here is quarantined alone instead of failing the whole batch inside Spark.
-    """
-    p = Path(path)
-    try:
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            md = pq.read_metadata(p)
-            if md.num_columns == 0:
-                return "parquet file has no columns"
-            return None
-        size = p.stat().st_size
-        with p.open("rb") as fh:
-            if size <= PROBE_FULL_BYTES:
-                data = fh.read()
-            else:  # head and tail, cut at line boundaries
-                head = fh.read(8 * 1024**2)
-                fh.seek(max(0, size - 8 * 1024**2))
-                tail = fh.read()
-                data = head[: head.rfind(b"\n") + 1] + tail[tail.find(b"\n") + 1 :]
-        if fmt == "jsonl":
-            for n, raw in enumerate(data.split(b"\n"), 1):
-                if raw.strip():
-                    try:
-                        obj = json.loads(raw)
-                    except (ValueError, UnicodeDecodeError) as exc:
-                        return f"line {n}: not valid JSON ({exc})"
-                    if not isinstance(obj, dict):
-                        return f"line {n}: a JSON {type(obj).__name__}, not an object"
-            return None
-        if fmt == "csv":
-            import csv
-            import io
-
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                return f"not UTF-8 text ({exc})"
-            width = None
-            for n, row in enumerate(csv.reader(io.StringIO(text, newline="")), 1):
-                if not row:
-                    continue
-                if width is None:
-                    width = len(row)
-                elif len(row) != width:
-                    return f"row {n} has {len(row)} fields, expected {width} (truncated or malformed)"
-            return None
-    except Exception as exc:  # noqa: BLE001 - any reader error means "unreadable"
-        return f"{type(exc).__name__}: {exc}"
-    return None
+    p = probe(path, fmt, limits=FileLimits(), csv_header=csv_header)
+    return p.error if p.status == QUARANTINED else None

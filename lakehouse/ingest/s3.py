@@ -36,7 +36,8 @@ from lakehouse.ingest.checkpoints import (
     engine_for,
     ingest_cursors,
 )
-from lakehouse.ingest.files import FileRef, select_for_run
+from lakehouse.ingest.files import QUARANTINED, FileRef, select_for_run
+from lakehouse.ingest.paths import key_problem
 
 if TYPE_CHECKING:
     from lakehouse.ingest.arrivals import ArrivalDecision
@@ -231,21 +232,25 @@ def plan(runner: StageRunner, src: Source, plan: ExtractPlan) -> None:
     if not picked:
         plan.skipped_reason = f"no new files in s3://{src.bucket}/{src.prefix}"
         return
+    # a key with a '..' segment (or outside the prefix) is never read: it is recorded as refused
+    refused = [f.with_status(QUARANTINED, why) for f in picked if (why := key_problem(f.key, src.prefix))]
+    picked = [f for f in picked if not key_problem(f.key, src.prefix)]
+    plan.details["files_refused"] = len(refused)
     if src.read_mode == "direct":
-        plan.files = [FileRef(f.key, f.size, f.etag, f"s3a://{src.bucket}/{f.key}") for f in picked]
+        plan.files = [FileRef(f.key, f.size, f.etag, f"s3a://{src.bucket}/{f.key}") for f in picked] + refused
         return
     sweep_staging(platform.settings.staging_dir / "s3")
     dest = platform.settings.staging_dir / "s3" / re.sub(r"[^A-Za-z0-9_.-]", "_", runner.run_id)
     t0 = time.monotonic()
     staged, skipped = download(client, src, picked, dest, src.download_threads)
     plan.staged_path = str(dest)
-    plan.files = staged
+    plan.files = staged + refused
     plan.details.update({"files_downloaded": len(staged), "download_seconds": round(time.monotonic() - t0, 3),
                          "staged_bytes": sum(f.size for f in staged), "files_changed_during_run": len(skipped)})
     for f, why in skipped:
         runner.audit("file_skipped", outcome="retry_later", message=f"{f.key}: {why}",
                      details={"key": f.key, "etag": f.etag})
-    if not staged:
+    if not plan.files:
         plan.skipped_reason = "every planned object changed or vanished during download"
 
 

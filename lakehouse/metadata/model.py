@@ -94,6 +94,11 @@ class Stage(Entity):
     enabled: bool = True
     description: str = ""
     owner: str | None = None
+    timeout_seconds: int | None = Field(
+        default=None, ge=1,
+        description="a step whose Spark work runs longer is cancelled and fails; default: derived from the "
+        "stage's past durations in audit_log, at most platform setting step_timeout.ceiling_seconds",
+    )
 
     _v_name = field_validator("stage_name")(lambda cls, v: check_ident(v, "stage_name"))
 
@@ -117,6 +122,20 @@ class ColumnSpec(BaseModel):
     type: str = Field(description="Spark SQL type, e.g. string, bigint, timestamp, decimal(10,2)")
     nullable: bool = True
     doc: str | None = None
+
+
+class FileLimits(BaseModel):
+    """Checked while probing each landing file, before Spark reads it; a file over a limit is
+    quarantined with the limit named. The defaults are far above what real feeds produce."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_depth: int = Field(default=64, ge=1, description="nesting depth of objects/arrays (JSON) or structs/lists (parquet)")
+    max_field_chars: int = Field(
+        default=16 * 1024**2, ge=1,
+        description="characters in one value; Spark's JSON parser refuses strings over 20,000,000 whatever this says",
+    )
+    max_line_bytes: int = Field(default=64 * 1024**2, ge=1, description="bytes in one JSON line or CSV record")
+    max_columns: int = Field(default=10_000, ge=1, description="fields in a file's schema, nested ones included")
 
 
 class PromoteField(BaseModel):
@@ -146,7 +165,12 @@ class Source(Entity):
         default="stage", description="stage: download with boto3 then read; direct: Spark reads s3a:// itself"
     )
     csv_header: bool = True
-    columns: list[ColumnSpec] = Field(default_factory=list, description="expected schema; empty = infer")
+    columns: list[ColumnSpec] = Field(
+        default_factory=list,
+        description="declared columns: their types are what files are read as (matched by name); other columns "
+        "follow the schema policy; empty = each file's own schema",
+    )
+    limits: FileLimits = Field(default_factory=FileLimits, description="per-file limits checked before Spark")
     promote_fields: list[PromoteField] = Field(default_factory=list)
     batch_files: int = Field(default=100, ge=1, description="files per Iceberg commit")
     max_files_per_run: int = Field(default=1000, ge=1)

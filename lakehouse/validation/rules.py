@@ -99,12 +99,16 @@ def row_condition(rule: Rule, df: DataFrame) -> Column:
         text = check_expression(rule.expression or "", rule.name)
         try:
             cond = F.expr(text)
-            dtype = df.select(cond.alias("__c")).schema[0].dataType
+            probe = df.select(cond.alias("__c"))
+            dtype = probe.schema[0].dataType
         except Exception as exc:  # noqa: BLE001 - AnalysisException / ParseException: name the rule
             raise RuleError(f"rule {rule.name!r}: expression {text!r} is not valid here: "
                             f"{str(exc).splitlines()[0]}") from exc
         if not isinstance(dtype, BooleanType):
             raise RuleError(f"rule {rule.name!r}: expression {text!r} is {dtype.simpleString()}, not boolean")
+        if not _deterministic(probe):
+            raise RuleError(f"rule {rule.name!r}: expression {text!r} is not deterministic (rand(), uuid(), ... "
+                            "answer differently on every evaluation), so its failing rows cannot be counted")
         return F.coalesce(cond, F.lit(False))
     if not rule.column:
         raise RuleError(f"rule {rule.name!r} of type {rule.type} needs column")
@@ -123,6 +127,15 @@ def row_condition(rule: Rule, df: DataFrame) -> Column:
     else:
         raise RuleError(f"rule {rule.name!r}: {rule.type} is not a row rule")
     return F.coalesce(cond, F.lit(False))
+
+
+def _deterministic(frame: DataFrame) -> bool:
+    """Whether the frame's one analysed expression is deterministic (Spark refuses to observe or
+    re-plan a non-deterministic one); True when the plan cannot be inspected."""
+    try:
+        return bool(frame._jdf.queryExecution().analyzed().expressions().head().deterministic())
+    except Exception:  # noqa: BLE001 - not a JVM-backed frame: nothing to inspect
+        return True
 
 
 def describe(rule: Rule) -> str:
@@ -342,6 +355,7 @@ class RowPass:
     errors: dict[str, str]
     not_nullable: list[str]
     fresh_cols: list[str]
+    key_errors: dict[str, str] = field(default_factory=dict)  # keys whose aggregate failed on the data
 
     @classmethod
     def plan(cls, df: DataFrame, rules: list[Rule], exclude: set[str] = frozenset()) -> RowPass:
@@ -401,9 +415,26 @@ class RowPass:
                     values[k], origin[k] = src[k], label
         missing = self.keys() - values.keys()
         if missing:
-            values.update(df.agg(*self.aggregates(missing)).collect()[0].asDict())
-            origin.update(dict.fromkeys(missing, "rows"))
+            try:
+                values.update(df.agg(*self.aggregates(missing)).collect()[0].asDict())
+                origin.update(dict.fromkeys(missing, "rows"))
+            except Exception:  # noqa: BLE001 - a rule failing at run time must fail only its own check
+                self._resolve_apart(df, missing, values, origin)
         return values, origin
+
+    def _resolve_apart(self, df: DataFrame, keys: set[str], values: dict[str, Any], origin: dict[str, str]) -> None:
+        """Count each key on its own; a rule whose count fails (`raise_error`, a cast error under
+        ANSI mode) is recorded in `key_errors` and ends its check in error. Any other key failing
+        is not a rule's fault and is raised."""
+        for k in sorted(keys):
+            try:
+                values.update(df.agg(*self.aggregates({k})).collect()[0].asDict())
+                origin[k] = "rows"
+            except Exception as exc:  # noqa: BLE001
+                if not k.startswith("f:"):
+                    raise
+                self.key_errors[k] = (f"rule {k[2:]!r} could not be evaluated on the data: "
+                                      f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]}")
 
 
 def _from_epoch(seconds: float | None) -> dt.datetime | None:
@@ -440,6 +471,10 @@ def evaluate_rules(df: DataFrame, rules: list[Rule], *, context: dict[str, Any] 
                "_newest_from": {c: origin[f"m:{c}"] for c in rp.fresh_cols}, "_total_from": origin["total"]}
     for name, cond in rp.conds.items():
         r = next(x for x in enabled if x.name == name)
+        if f"f:{name}" in rp.key_errors:
+            err = rp.key_errors[f"f:{name}"]
+            outcomes[name] = CheckOutcome(r, False, 0, total, describe(r), message=err, details={"error": err})
+            continue
         failed = int(agg[f"f:{name}"] or 0)
         sample = _sample(df.where(~cond)) if failed else []
         outcomes[name] = CheckOutcome(r, failed == 0, failed, total, describe(r), sample,

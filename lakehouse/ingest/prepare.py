@@ -1,0 +1,420 @@
+"""Per-file isolation for a files / S3 load: every planned file is probed and reconciled with the
+target's schema on its own before any of them joins a batch, then each batch is read with
+explicit schemas, so Spark never infers a schema from one file and never drops or reorders a column.
+
+1. probe (`lakehouse.ingest.probe`): readable? within the source's limits? its own schema;
+2. parquet footers → Spark types, one small Spark job per distinct footer schema;
+3. reconcile (`lakehouse.ingest.reconcile`, plain Python) against the table's schema (plus the
+   declared columns), or — for a new table — the schema most of the run's files agree on;
+4. the table gets the new columns and widenings before the first write (policy evolve);
+5. `read`: files grouped by identical schema, each group read with its schema and conformed to
+   the reconciled one by name (casts, nested fields, NULL for what a file lacks), then unioned.
+
+A file that fails 1–3 is quarantined alone with the reason (checkpoint table, audit_log, the
+run's materialization metadata); the others load. Policy `fail` fails the stage instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from lakehouse.iceberg import ddl_type, quote, retry_metadata_commit
+from lakehouse.ingest.files import EMPTY, PROCESSED, QUARANTINED, FileRef
+from lakehouse.ingest.probe import FileProbe, probe_file
+from lakehouse.ingest.reconcile import FAIL, QUARANTINE, Decision, compare, merge, reconcile_files, vote
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import DataType, StructType
+
+    from lakehouse.metadata.model import Source
+    from lakehouse.runner import StageRunner
+
+log = logging.getLogger(__name__)
+LINEAGE_COLUMNS = ("_source_file", "_ingested_at")
+
+
+class SchemaPolicyViolation(RuntimeError):
+    """Files do not fit the table and the schema policy is `fail` (error code SCHEMA_DRIFT)."""
+
+    code = "SCHEMA_DRIFT"
+
+
+@dataclass
+class PreparedFiles:
+    """The run's files with their statuses, and how to read the loadable ones."""
+
+    source: Source
+    files: list[FileRef]
+    schema: StructType | None  # what every batch is read as (file columns only: no lineage/promoted columns)
+    read_schemas: dict[str, StructType] = field(default_factory=dict)  # key -> the file's own schema
+    read_keys: dict[str, str] = field(default_factory=dict)  # key -> group of files read together
+    decisions: dict[str, Decision] = field(default_factory=dict)
+    inferred: bool = False  # direct s3a:// reads: nothing local to probe, Spark infers (no isolation)
+
+    def read(self, spark: SparkSession, files: list[FileRef]) -> DataFrame:
+        """One frame over `files` (all loadable), exactly in the reconciled schema."""
+        if self.inferred or self.schema is None:
+            from lakehouse.ingest.files import read_files
+
+            return read_files(spark, self.source, files)
+        groups: dict[str, list[FileRef]] = {}
+        for f in files:
+            groups.setdefault(self.read_keys[f.key], []).append(f)
+        frames = []
+        for refs in groups.values():
+            own = self.read_schemas[refs[0].key]
+            df = _reader(spark, self.source, own, [f.local_path or f.key for f in refs])
+            frames.append(conform(df, own, self.schema))
+        out = frames[0]
+        for other in frames[1:]:
+            out = out.unionByName(other)
+        return _promote(out, self.source)
+
+
+def _reader(spark: SparkSession, source: Source, schema: StructType, paths: list[str]) -> DataFrame:
+    reader = spark.read.schema(schema)
+    if source.format == "parquet":
+        return reader.parquet(*paths)
+    if source.format == "csv":
+        # the schema is this group's header, in its order: positional = by name here. RFC 4180 quotes
+        # ("" inside a quoted field), as the probe parsed them; quoted fields may span lines.
+        return (reader.option("header", str(source.csv_header).lower()).option("mode", "FAILFAST")
+                .option("escape", '"').option("multiLine", source.options.get("csv_multiline", "true"))
+                .csv(paths))
+    return reader.option("mode", "FAILFAST").json(paths)
+
+
+def _promote(df: DataFrame, source: Source) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    for pf in source.promote_fields:
+        df = df.withColumn(pf.column, F.col(pf.path))
+    return df
+
+
+# --------------------------------------------------------------------------- conforming a frame
+
+
+def conform(df: DataFrame, have: StructType, want: StructType) -> DataFrame:
+    """`df` (schema `have`) as exactly `want`: columns matched by name, case-insensitively; casts,
+    nested fields rebuilt, NULL for what `df` lacks. A plain select when nothing differs."""
+    from pyspark.sql import functions as F
+
+    if _same(have, want):
+        return df
+    by_name = {f.name.lower(): f for f in have.fields}
+    cols = []
+    for f in want.fields:
+        src = by_name.get(f.name.lower())
+        if src is None:
+            cols.append(F.lit(None).cast(f.dataType).alias(f.name))
+        else:
+            cols.append(_conform_col(F.col(quote(src.name)), src.dataType, f.dataType).alias(f.name))
+    return df.select(*cols)
+
+
+def _same(a: DataType, b: DataType) -> bool:
+    """Equal names and types (nullability aside: every column the platform writes is nullable)."""
+    return a.simpleString() == b.simpleString()
+
+
+def _conform_col(col: Column, have: DataType, want: DataType) -> Column:
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, MapType, NullType, StructType
+
+    if _same(have, want):
+        return col
+    if isinstance(have, NullType):
+        return F.lit(None).cast(want)
+    if isinstance(want, StructType) and isinstance(have, StructType):
+        by_name = {f.name.lower(): f for f in have.fields}
+        parts = []
+        for f in want.fields:
+            src = by_name.get(f.name.lower())
+            parts.append((F.lit(None).cast(f.dataType) if src is None
+                          else _conform_col(col.getField(src.name), src.dataType, f.dataType)).alias(f.name))
+        return F.when(col.isNull(), F.lit(None).cast(want)).otherwise(F.struct(*parts))
+    if isinstance(want, ArrayType) and isinstance(have, ArrayType):
+        return F.transform(col, lambda x: _conform_col(x, have.elementType, want.elementType))
+    if isinstance(want, MapType) and isinstance(have, MapType):
+        return F.transform_values(col, lambda _k, v: _conform_col(v, have.valueType, want.valueType))
+    return col.cast(want)
+
+
+# --------------------------------------------------------------------------- preparing a run's files
+
+
+def _parse_type(text: str) -> DataType:
+    from pyspark.sql.types import _parse_datatype_string
+
+    return _parse_datatype_string(text)
+
+
+def _reference(table: StructType | None, declared: StructType | None) -> StructType | None:
+    """The table's schema with the declared columns it lacks (the table's own types win)."""
+    if table is None:
+        return declared
+    if declared is None:
+        return table
+    from pyspark.sql.types import StructType
+
+    have = {f.name.lower() for f in table.fields}
+    return StructType(table.fields + [f for f in declared.fields if f.name.lower() not in have])
+
+
+def _only(schema: StructType, names: set[str]) -> StructType:
+    from pyspark.sql.types import StructType
+
+    return StructType([f for f in schema.fields if f.name.lower() in names])
+
+
+def quarantine_class(error: str | None) -> str:
+    """The audit-log error class of a quarantined file, from its reason."""
+    text = error or ""
+    if text.startswith("over a limit"):
+        return "LimitExceeded"
+    if text.startswith("refused:"):
+        return "PathEscape"
+    if text.startswith("unsafe type change") or "(schema policy " in text:
+        return "SchemaDrift"
+    return "UnreadableFile"
+
+
+def prepare_files(runner: StageRunner, spark: SparkSession, source: Source, files: list[FileRef]) -> PreparedFiles:
+    """Probe and reconcile every file of the run; evolve the table for the loadable ones."""
+    from pyspark.sql.types import StructField, StructType
+
+    from lakehouse.control.healing import schema_policy
+
+    if any(f.status == PROCESSED and f.size and "://" in (f.local_path or f.key)
+           and not (f.local_path or "").startswith("file:") for f in files):
+        # read_mode direct: the objects are not local, so they cannot be probed before Spark
+        return PreparedFiles(source, [f if f.status != PROCESSED or f.size else f.with_status(EMPTY)
+                                      for f in files], None, inferred=True)
+    tables = runner.platform.tables()
+    ident = runner.target.identifier
+    platform_cols = {c.lower() for c in LINEAGE_COLUMNS} if source.lineage_columns else set()
+    platform_cols |= {pf.column.lower() for pf in source.promote_fields}
+    table = None
+    if tables.exists(ident):
+        table = StructType([f for f in tables.read(ident).schema.fields if f.name.lower() not in platform_cols])
+    declared = StructType([StructField(c.name, _parse_type(c.type)) for c in source.columns]) if source.columns else None
+    reference = _reference(table, declared)
+    policy = schema_policy(runner)
+    contract = {c.name.lower() for r in runner.rules if r.enabled and r.type == "schema_contract"
+                for c in r.expected_columns}
+    allowed = contract | {c.name.lower() for c in source.columns}
+    expect = {f.name.lower(): f.dataType for f in (reference.fields if reference is not None else [])}
+
+    cache: dict = runner.__dict__.setdefault("_file_probes", {})
+    sig = json.dumps({k: t.simpleString() for k, t in sorted(expect.items())})
+    checked: list[FileRef] = []
+    probes: dict[str, FileProbe] = {}
+    for f in files:
+        if f.status != PROCESSED:  # refused at listing, or quarantined by healing
+            checked.append(f)
+            continue
+        if f.size == 0:
+            checked.append(f.with_status(EMPTY))
+            continue
+        ck = (f.key, f.etag, sig)
+        if ck not in cache:
+            cache[ck] = probe_file(f.local_path or f.key, source.format, limits=source.limits,
+                                   csv_header=source.csv_header, expect=expect,
+                                   declared_names=[c.name for c in source.columns] or None, name=f.key)
+        p = cache[ck]
+        if p.status != PROCESSED:
+            checked.append(f.with_status(p.status, p.error))
+            continue
+        probes[f.key] = p
+        checked.append(f)
+
+    prepared = PreparedFiles(source, checked, None)
+    if source.format == "parquet":
+        _resolve_parquet(spark, prepared, probes)
+    else:
+        for key, p in probes.items():
+            prepared.read_schemas[key] = p.schema
+    reserved = _reserved_columns(prepared, platform_cols)
+    if reserved:
+        prepared.files = [f.with_status(QUARANTINED, reserved[f.key]) if f.key in reserved else f
+                          for f in prepared.files]
+    good = [f for f in prepared.files if f.status == PROCESSED and f.key in prepared.read_schemas]
+    if not good:
+        prepared.schema = reference
+        return prepared
+
+    schemas = [(f.key, prepared.read_schemas[f.key]) for f in good]
+    if table is None:  # a new table: what most files agree on (the declared columns as declared)
+        voted = vote([s for _, s in schemas])
+        if policy != "evolve" and allowed:
+            voted = _only(voted, allowed)
+        reference = voted if declared is None else merge(declared, _only(voted, {
+            f.name.lower() for f in voted.fields} - {f.name.lower() for f in declared.fields}))
+    decisions, final = reconcile_files(reference, schemas, policy, allowed)
+    failed = []
+    by_key = {d.key: d for d in decisions}
+    prepared.decisions = by_key
+    for i, f in enumerate(prepared.files):
+        d = by_key.get(f.key)
+        if d is None:
+            continue
+        if d.action == QUARANTINE:
+            prepared.files[i] = f.with_status(QUARANTINED, d.reason)
+        elif d.action == FAIL:
+            failed.append(d)
+    if failed:
+        raise SchemaPolicyViolation(
+            f"{ident}: {len(failed)} file(s) do not fit the table and the schema policy is 'fail': "
+            + "; ".join(f"{d.key}: {d.reason}" for d in failed[:20])
+            + ". Nothing was written. Fix or remove the files, or change the policy (evolve adds new columns, "
+            "freeze quarantines such files).")
+    prepared.schema = final
+    for f in prepared.files:
+        if f.status == PROCESSED and f.key in prepared.read_schemas:
+            own = prepared.read_schemas[f.key]
+            prepared.read_keys[f.key] = (probes[f.key].read_key + "|" + own.json()
+                                         if source.format != "jsonl" else "jsonl|" + _recase(final, own).json())
+            if source.format == "jsonl":  # JSON is read straight into the reconciled schema, in the file's casing
+                prepared.read_schemas[f.key] = _recase(final, own)
+    if table is not None:
+        _evolve_table(runner, tables, ident, table, final)
+    _report(runner, prepared)
+    return prepared
+
+
+def _reserved_columns(prepared: PreparedFiles, reserved: set[str]) -> dict[str, str]:
+    """Files with a column the platform writes itself (lineage columns, promoted fields): it would
+    be overwritten, so the file is quarantined instead."""
+    out = {}
+    for key, schema in prepared.read_schemas.items():
+        clash = [f.name for f in schema.fields if f.name.lower() in reserved]
+        if clash:
+            out[key] = (f"column(s) {', '.join(clash)} are written by the platform for this source "
+                        "(lineage_columns / promote_fields) and would overwrite the file's values")
+    return out
+
+
+def _resolve_parquet(spark: SparkSession, prepared: PreparedFiles, probes: dict[str, FileProbe]) -> None:
+    """The Spark schema of each distinct footer schema (Spark's own parquet type mapping: NTZ
+    timestamps, unsigned integers...); a footer Spark cannot map quarantines its files."""
+    by_key: dict[str, list[str]] = {}
+    for key, p in probes.items():
+        by_key.setdefault(p.read_key, []).append(key)
+    local = {f.key: f.local_path or f.key for f in prepared.files}
+    refused: dict[str, str] = {}
+    for keys in by_key.values():
+        try:
+            schema = spark.read.parquet(local[keys[0]]).schema
+        except Exception as exc:  # noqa: BLE001 - Spark cannot read files of this schema
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [type(exc).__name__]
+            line = next((ln for ln in reversed(lines) if "Exception: " in ln and not ln.startswith("at ")), lines[0])
+            for k in keys:  # the innermost message: "Illegal Parquet type: INT64 (TIMESTAMP(NANOS,false))."
+                refused[k] = f"Spark cannot read this parquet schema: {line.rsplit('Exception: ', 1)[-1][:400]}"
+            continue
+        for k in keys:
+            prepared.read_schemas[k] = schema
+    if refused:
+        prepared.files = [f.with_status(QUARANTINED, refused[f.key]) if f.key in refused else f for f in prepared.files]
+
+
+def _recase(want: DataType, have: DataType) -> DataType:
+    """`want` with field names spelled as in `have` (JSON fields are matched case-sensitively by the reader)."""
+    from pyspark.sql.types import ArrayType, MapType, StructField, StructType
+
+    if isinstance(want, StructType) and isinstance(have, StructType):
+        by_name = {f.name.lower(): f for f in have.fields}
+        out = []
+        for f in want.fields:
+            src = by_name.get(f.name.lower())
+            out.append(StructField(src.name if src else f.name,
+                                   _recase(f.dataType, src.dataType) if src else f.dataType, True))
+        return StructType(out)
+    if isinstance(want, ArrayType) and isinstance(have, ArrayType):
+        return ArrayType(_recase(want.elementType, have.elementType), True)
+    if isinstance(want, MapType) and isinstance(have, MapType):
+        return MapType(want.keyType, _recase(want.valueType, have.valueType), True)
+    return want
+
+
+def _evolve_table(runner: StageRunner, tables, ident: str, table: StructType, final: StructType) -> None:
+    """New columns (nested ones too) and promotable widenings, before the first write."""
+    changes = [c for c in compare(table, final) if c.kind in ("new", "widen")]
+    if not changes:
+        return
+    qualified = tables.qualified(ident)
+    statements = []
+    for c in changes:
+        path = ".".join(quote(p) for p in c.path)
+        if c.kind == "new":
+            statements.append(f"ALTER TABLE {qualified} ADD COLUMN {path} {ddl_type(c.found)}")
+        else:
+            statements.append(f"ALTER TABLE {qualified} ALTER COLUMN {path} TYPE {ddl_type(c.found)}")
+
+    def apply() -> None:
+        current = tables.read(ident).schema
+        for c, sql in zip(changes, statements, strict=True):
+            if c.kind == "new" and _has_path(current, c.path):
+                continue  # a concurrent run or a healing retry added it already
+            tables.spark.sql(sql)
+
+    retry_metadata_commit(tables, ident, apply)
+    described = [c.describe() for c in changes]
+    runner.audit("schema_evolved", outcome="applied", message="; ".join(described)[:2000],
+                 details={"changes": [{"kind": c.kind, "column": c.column, "type": c.found.simpleString()}
+                                      for c in changes]})
+    runner.log.info("%s: schema evolved before the write: %s", ident, "; ".join(described))
+    report = runner.__dict__.setdefault("ingest_report", {})
+    report["schema_changes"] = described
+
+
+def _has_path(schema, path: tuple[str, ...]) -> bool:
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    t = schema
+    for p in path:
+        if isinstance(t, StructType):
+            f = next((x for x in t.fields if x.name.lower() == p.lower()), None)
+            if f is None:
+                return False
+            t = f.dataType
+        elif isinstance(t, ArrayType) and p == "element":
+            t = t.elementType
+        elif isinstance(t, MapType) and p == "value":
+            t = t.valueType
+        else:
+            return False
+    return True
+
+
+def _report(runner: StageRunner, prepared: PreparedFiles) -> None:
+    """What reconciliation decided for loaded files (casts, NULL columns), for the run's metadata."""
+    notes = []
+    for key, d in prepared.decisions.items():
+        if d.action != "load" or not d.changes:
+            continue
+        kinds: dict[str, list[str]] = {}
+        for c in d.changes:
+            kinds.setdefault(c.kind, []).append(c.column)
+        notes.append({"key": key, **kinds})
+    if notes:
+        report = runner.__dict__.setdefault("ingest_report", {})
+        report["schema_notes"] = notes
+
+
+def read_alone(spark: SparkSession, source: Source, f: FileRef) -> DataFrame:
+    """One file read on its own with its own schema (healing's per-file readability check); raises
+    if it cannot be read."""
+    path = f.local_path or f.key
+    if source.format == "parquet":
+        return spark.read.parquet(path)
+    p = probe_file(path, source.format, limits=source.limits, csv_header=source.csv_header)
+    if p.status == QUARANTINED:
+        raise ValueError(f"{f.key}: {p.error}")
+    if p.schema is None:  # empty: nothing to read
+        return spark.createDataFrame([], "empty int")
+    return _reader(spark, source, p.schema, [path])

@@ -1,0 +1,478 @@
+"""Probing one landing file in plain Python, before Spark reads it: can it be read, is it within
+its source's limits, and what are its own columns and types.
+
+* parquet: the footer only (pyarrow); the Spark types are resolved later from the footer schema
+  (`lakehouse.ingest.prepare`), once per distinct footer schema.
+* JSON lines: every line is parsed (streaming, one line in memory at a time) and the file's schema
+  is inferred with Spark's JSON rules (an int and a double make a double, anything else mixed makes
+  a string, struct fields are merged by name) — so Spark never infers a schema from the data.
+* CSV: decoded as UTF-8 (a BOM is fine), one field count throughout, the header's names; every
+  column is a string unless the table or the declared columns give it a type, in which case each
+  value is checked against that type here.
+
+`expect` maps lower-cased top-level column names to the Spark type the file will be read as (the
+table's or the declared type). A JSON or CSV value that cannot be read as that type quarantines
+the file with the line and the column named, instead of failing the batch inside Spark.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import gzip
+import io
+import json
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from lakehouse.ingest.files import EMPTY, PROCESSED, QUARANTINED
+from lakehouse.ingest.limits import (
+    CODEC_SUFFIXES,
+    SPARK_JSON_MAX_STRING,
+    BoundedLines,
+    LimitExceeded,
+    arrow_shape,
+    compression_of,
+)
+
+SPARK_ROW_METADATA = b"org.apache.spark.sql.parquet.row.metadata"
+
+
+@dataclass
+class FileProbe:
+    """What probing found: a status, the reason when not readable, and the file's own schema."""
+
+    status: str = PROCESSED
+    error: str | None = None
+    schema: Any = None  # pyspark StructType (JSON, CSV); None for parquet until Spark resolves the footer
+    rows: int | None = None
+    read_key: str = ""  # files with the same key are read together with one explicit schema
+    header: list[str] = field(default_factory=list)  # CSV: the names in file order
+
+    @classmethod
+    def bad(cls, error: str) -> FileProbe:
+        return cls(QUARANTINED, error)
+
+
+def _opener(path: Path, head: bytes, name: str):
+    """How to open the file's content: decompress by name (as Spark does), refuse compressed data
+    under another name (Spark would read the compressed bytes as text)."""
+    suffix = path.suffix.lower()
+    codec = CODEC_SUFFIXES.get(suffix)
+    found = compression_of(head)
+    if codec == "gzip":
+        return gzip.open, None
+    if codec:
+        return None, f"{codec}-compressed files are not probed; decompress them or use .gz"
+    if found:
+        return None, (f"the content is {found}-compressed but the file name {name!r} does not say so "
+                      f"(Spark picks the codec from the name): rename it to end in .gz, or decompress it")
+    return open, None
+
+
+def probe_file(path: str | Path, fmt: str, *, limits, csv_header: bool = True,
+               expect: dict[str, Any] | None = None, declared_names: list[str] | None = None,
+               name: str | None = None) -> FileProbe:
+    """Probe one file; never raises for bad content (the reason is in the result). `name` is the
+    file's name in its source (a staged copy's own name is opaque)."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            head = fh.read(8)
+        if fmt == "parquet":
+            return _probe_parquet(p, head, limits)
+        opener, why = _opener(p, head, (name or p.name).rsplit("/", 1)[-1])
+        if why:
+            return FileProbe.bad(why)
+        with opener(p, "rb") as fh:
+            if fmt == "jsonl":
+                return _probe_jsonl(fh, limits, expect or {})
+            if fmt == "csv":
+                return _probe_csv(fh, limits, expect or {}, csv_header, declared_names)
+        raise ValueError(f"unsupported format {fmt!r}")
+    except LimitExceeded as exc:
+        return FileProbe.bad(f"over a limit: {exc}")
+    except BadContent as exc:
+        return FileProbe.bad(str(exc))
+    except Exception as exc:  # noqa: BLE001 - any reader error means "unreadable"
+        return FileProbe.bad(f"{type(exc).__name__}: {exc}")
+
+
+# --------------------------------------------------------------------------- parquet
+
+
+def _probe_parquet(p: Path, head: bytes, limits) -> FileProbe:
+    import pyarrow.parquet as pq
+
+    if not head.startswith(b"PAR1"):
+        found = compression_of(head)
+        return FileProbe.bad("not a parquet file (no PAR1 magic at the start)"
+                             + (f"; the content is {found}-compressed" if found else ""))
+    try:
+        md = pq.read_metadata(p)
+    except Exception as exc:  # noqa: BLE001
+        return FileProbe.bad(f"not a readable parquet file (truncated or corrupt footer): {exc}")
+    arrow = md.schema.to_arrow_schema()
+    if md.num_columns == 0 or len(arrow) == 0:
+        return FileProbe.bad("parquet file has no columns")
+    depth, fields = arrow_shape(arrow)
+    if depth > limits.max_depth:
+        raise LimitExceeded("max_depth", limits.max_depth, f"nesting depth {depth}")
+    if fields > limits.max_columns:
+        raise LimitExceeded("max_columns", limits.max_columns, f"{fields} fields")
+    err = _name_problem([f.name for f in arrow], "")
+    if err is None:
+        err = _nested_name_problem(arrow)
+    if err:
+        return FileProbe.bad(err)
+    if md.num_rows == 0:
+        return FileProbe(EMPTY, "no rows", rows=0)
+    spark_meta = (md.metadata or {}).get(SPARK_ROW_METADATA, b"")
+    return FileProbe(rows=md.num_rows, read_key="parquet:" + str(md.schema) + spark_meta.decode("utf-8", "replace"))
+
+
+def _name_problem(names: list[str], where: str) -> str | None:
+    """Empty names, or names equal but for case (Spark resolves names case-insensitively)."""
+    seen: dict[str, str] = {}
+    for n in names:
+        if n == "":
+            return f"an empty column name{where}"
+        if n.lower() in seen:
+            other = seen[n.lower()]
+            return (f"duplicate column name {n!r}{where}" if other == n
+                    else f"column names {other!r} and {n!r}{where} differ only in case")
+        seen[n.lower()] = n
+    return None
+
+
+def _nested_name_problem(arrow) -> str | None:
+    import pyarrow as pa
+
+    def walk(t, path: str) -> str | None:
+        if pa.types.is_struct(t):
+            names = [t.field(i).name for i in range(t.num_fields)]
+            err = _name_problem(names, f" in {path}")
+            if err:
+                return err
+            return next((e for i in range(t.num_fields)
+                         if (e := walk(t.field(i).type, f"{path}.{t.field(i).name}"))), None)
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            return walk(t.value_type, f"{path}.element")
+        if pa.types.is_map(t):
+            return walk(t.item_type, f"{path}.value")
+        return None
+
+    return next((e for f in arrow if (e := walk(f.type, f.name))), None)
+
+
+# --------------------------------------------------------------------------- JSON lines
+# Inference state: primitive tags are strings; structs and arrays are mutable nodes.
+NULL, BOOL, LONG, BIGINT, DOUBLE, STRING = "null", "boolean", "bigint", "decimal(38,0)", "double", "string"
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+
+
+class BadContent(ValueError):
+    """The file's content cannot be loaded; the message says where and why."""
+
+
+def _short(path: str) -> str:
+    return path if len(path) <= 60 else path[:28] + "…" + path[-28:]
+
+
+class _Struct:
+    __slots__ = ("fields", "lower")
+
+    def __init__(self):
+        self.fields: dict[str, Any] = {}
+        self.lower: dict[str, str] = {}
+
+
+class _Array:
+    __slots__ = ("elem",)
+
+    def __init__(self, elem: Any = NULL):
+        self.elem = elem
+
+
+class _Infer:
+    """Merges parsed JSON values into one schema, checking the limits on the way."""
+
+    def __init__(self, limits, is_json: bool = True):
+        self.max_depth = limits.max_depth
+        self.max_chars = min(limits.max_field_chars, SPARK_JSON_MAX_STRING) if is_json else limits.max_field_chars
+        self.limit_name = "max_field_chars" + (" (Spark's JSON parser refuses more than 20,000,000)"
+                                               if is_json and limits.max_field_chars > SPARK_JSON_MAX_STRING else "")
+        self.max_columns = limits.max_columns
+        self.columns = 0
+        self.where = ""
+
+    def merge(self, tag: Any, v: Any, depth: int, path: str) -> Any:
+        """The tag of `tag` merged with value `v` (Spark's JSON inference: compatible numbers widen,
+        structs merge by name, anything else conflicting becomes a string)."""
+        if v is None:
+            return tag if tag is not None else NULL
+        t = type(v)
+        if t is str:
+            if len(v) > self.max_chars:
+                raise LimitExceeded(self.limit_name, self.max_chars,
+                                    f"a value of {len(v)} characters in {_short(path)}", self.where)
+            new = STRING
+        elif t is bool:
+            new = BOOL
+        elif t is int:
+            new = LONG if _LONG_MIN <= v <= _LONG_MAX else (BIGINT if len(str(abs(v))) <= 38 else DOUBLE)
+        elif t is float or t is Decimal:
+            new = DOUBLE
+        elif t is dict or t is list:
+            if depth >= self.max_depth:
+                raise LimitExceeded("max_depth", self.max_depth, f"nesting depth {depth + 1} at {_short(path)}",
+                                    self.where)
+            kind = _Struct if t is dict else _Array
+            if tag is not None and tag != NULL and not isinstance(tag, kind):
+                self._check(v, depth + 1, path)  # a conflict makes a string; the limits still apply inside
+                return STRING
+            node = tag if isinstance(tag, kind) else kind()
+            if t is dict:
+                self._absorb(node, v, depth + 1, path)
+            else:
+                for e in v:
+                    node.elem = self.merge(node.elem, e, depth + 1, path + "[]")
+            return node
+        else:  # pragma: no cover - json.loads yields nothing else
+            new = STRING
+        if tag is None or tag == NULL or tag == new:
+            return new
+        if isinstance(tag, str) and {tag, new} <= {LONG, BIGINT, DOUBLE}:
+            return DOUBLE if DOUBLE in (tag, new) else BIGINT
+        return STRING
+
+    def _check(self, v: Any, depth: int, path: str) -> None:
+        """The depth and value-size limits over a value whose type is not inferred (a conflict)."""
+        if isinstance(v, str):
+            self.merge(None, v, depth, path)
+        elif isinstance(v, (dict, list)):
+            if depth >= self.max_depth:
+                raise LimitExceeded("max_depth", self.max_depth, f"nesting depth {depth + 1} at {_short(path)}",
+                                    self.where)
+            for e in (v.values() if isinstance(v, dict) else v):
+                self._check(e, depth + 1, path)
+
+    def _absorb(self, node: _Struct, obj: dict, depth: int, path: str) -> None:
+        fields = node.fields
+        for k, v in obj.items():
+            if k in fields:
+                fields[k] = self.merge(fields[k], v, depth, f"{path}.{k}" if path else k)
+                continue
+            where = f" in {path}" if path else ""
+            if k == "":
+                raise BadContent(f"{self.where}: an empty field name{where}")
+            other = node.lower.get(k.lower())
+            if other is not None:
+                raise BadContent(f"{self.where}: field names {other!r} and {k!r}{where} differ only in case")
+            self.columns += 1
+            if self.columns > self.max_columns:
+                raise LimitExceeded("max_columns", self.max_columns, f"more than {self.max_columns} fields",
+                                    self.where)
+            node.lower[k.lower()] = k
+            fields[k] = self.merge(None, v, depth, f"{path}.{k}" if path else k)
+
+
+def _spark_type(tag: Any):
+    """Inference tag -> Spark type; None for a field with no value but null (added once it has one)."""
+    from pyspark.sql.types import (
+        ArrayType,
+        BooleanType,
+        DecimalType,
+        DoubleType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    if isinstance(tag, _Struct):
+        fields = [StructField(k, t) for k, v in tag.fields.items() if (t := _spark_type(v)) is not None]
+        return StructType(fields) if fields else None
+    if isinstance(tag, _Array):
+        elem = _spark_type(tag.elem)
+        return None if elem is None else ArrayType(elem)
+    if tag == NULL:
+        return None
+    return {BOOL: BooleanType(), LONG: LongType(), BIGINT: DecimalType(38, 0), DOUBLE: DoubleType(),
+            STRING: StringType()}[tag]
+
+
+def _probe_jsonl(fh, limits, expect: dict[str, Any]) -> FileProbe:
+    from pyspark.sql.types import StructField, StructType
+
+    infer = _Infer(limits)
+    root = _Struct()
+    checks = {k: _fitter(t) for k, t in expect.items()}
+    checks = {k: f for k, f in checks.items() if f is not None}
+    parse_float = Decimal if any(getattr(t, "typeName", lambda: "")() == "decimal" for t in expect.values()) else float
+    rows = 0
+    reader = io.BufferedReader(BoundedLines(fh, limits.max_line_bytes), buffer_size=1 << 20)
+    for n, raw in enumerate(reader, 1):
+        if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        if not raw.strip():
+            continue
+        infer.where = f"line {n}"
+        try:
+            obj = json.loads(raw.decode("utf-8"), parse_float=parse_float)
+        except RecursionError:
+            raise LimitExceeded("max_depth", limits.max_depth, "nesting deeper than the JSON parser can follow",
+                                infer.where) from None
+        except UnicodeDecodeError as exc:
+            return FileProbe.bad(f"line {n}: not UTF-8 text ({exc})")
+        except ValueError as exc:
+            return FileProbe.bad(f"line {n}: not valid JSON ({exc})")
+        if type(obj) is not dict:
+            return FileProbe.bad(f"line {n}: a JSON {type(obj).__name__}, not an object")
+        try:
+            infer._absorb(root, obj, 1, "")
+        except RecursionError:
+            raise LimitExceeded("max_depth", limits.max_depth, "nesting too deep", infer.where) from None
+        if checks:
+            for k, v in obj.items():
+                fit = checks.get(k.lower())
+                if fit is not None and v is not None and not fit(v):
+                    return FileProbe.bad(f"line {n}: column {k}: value {_show(v)} cannot be read as "
+                                         f"{expect[k.lower()].simpleString()}")
+        rows += 1
+    if rows == 0:
+        return FileProbe(EMPTY, "no JSON records", rows=0)
+    fields = []
+    for k, tag in root.fields.items():
+        want = expect.get(k.lower()) if k.lower() in checks else None
+        t = want if want is not None and tag != NULL else _spark_type(tag)
+        if t is not None:
+            fields.append(StructField(k, t))
+    return FileProbe(schema=StructType(fields), rows=rows, read_key="jsonl")
+
+
+def _show(v: Any) -> str:
+    text = json.dumps(v, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# --------------------------------------------------------------------------- value checks (JSON, CSV)
+_INT_RANGES = {"byte": 2**7, "short": 2**15, "integer": 2**31, "long": 2**63}
+
+
+def _fitter(dtype, text: bool = False):
+    """A predicate `value -> bool`: can Spark read this JSON value (or CSV text) as `dtype`? None when
+    every value can (strings) or the type is not checked here."""
+    name = dtype.typeName()
+    if name == "string":
+        return None
+    if name in _INT_RANGES:
+        bound = _INT_RANGES[name]
+        if text:
+            return lambda s: re.fullmatch(r"\s*[+-]?\d+\s*", s) is not None and -bound <= int(s) < bound
+        return lambda v: type(v) is int and -bound <= v < bound
+    if name in ("double", "float"):
+        if text:
+            return _is_float_text
+        return lambda v: type(v) in (int, float, Decimal)
+    if name == "decimal":
+        room = dtype.precision - dtype.scale
+
+        def fits(v) -> bool:
+            try:
+                d = Decimal(v.strip()) if text else (Decimal(v) if type(v) in (int, Decimal) else
+                                                     Decimal(repr(v)) if type(v) is float else None)
+            except InvalidOperation:
+                return False
+            if d is None or not d.is_finite():
+                return False
+            return len(str(abs(int(d)))) <= room if room > 0 else abs(d) < 1
+        return fits
+    if name == "boolean":
+        if text:
+            return lambda s: s.strip().lower() in ("true", "false")
+        return lambda v: type(v) is bool
+    if name in ("timestamp", "timestamp_ntz", "date"):
+        return lambda v: (type(v) is int and name != "date") or (isinstance(v, str) and _is_datetime_text(v))
+    return None
+
+
+def _is_float_text(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def _is_datetime_text(s: str) -> bool:
+    s = s.strip()
+    try:
+        dt.datetime.fromisoformat(s[:-1] + "+00:00" if s.endswith("Z") else s)
+        return True
+    except ValueError:
+        return False
+
+
+# --------------------------------------------------------------------------- CSV
+
+
+def _probe_csv(fh, limits, expect: dict[str, Any], header: bool, declared_names: list[str] | None) -> FileProbe:
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    text = io.TextIOWrapper(io.BufferedReader(BoundedLines(fh, limits.max_line_bytes), buffer_size=1 << 20),
+                            encoding="utf-8-sig", newline="")
+    if csv.field_size_limit() < limits.max_field_chars + 1:
+        csv.field_size_limit(limits.max_field_chars + 1)
+    reader = csv.reader(text)
+    names: list[str] | None = None
+    fits: list = []
+    width = None
+    rows = 0
+    try:
+        for n, row in enumerate(reader, 1):
+            if not row:
+                continue
+            if width is None:
+                width = len(row)
+                if width > limits.max_columns:
+                    raise LimitExceeded("max_columns", limits.max_columns, f"{width} columns")
+                if header:
+                    names = [c if c != "" else f"_c{i}" for i, c in enumerate(row)]
+                elif declared_names and len(declared_names) == width:
+                    names = list(declared_names)
+                else:
+                    names = [f"_c{i}" for i in range(width)]
+                err = _name_problem(names, " in the header")
+                if err:
+                    return FileProbe.bad(err)
+                fits = [_fitter(expect[c.lower()], text=True) if c.lower() in expect else None for c in names]
+                if header:
+                    continue
+            elif len(row) != width:
+                return FileProbe.bad(f"row {n} has {len(row)} fields, expected {width} (truncated or malformed)")
+            for i, value in enumerate(row):
+                if len(value) > limits.max_field_chars:
+                    raise LimitExceeded("max_field_chars", limits.max_field_chars,
+                                        f"a value of {len(value)} characters in column {names[i]}", f"row {n}")
+                fit = fits[i]
+                if fit is not None and value != "" and not fit(value):
+                    return FileProbe.bad(f"row {n}: column {names[i]}: value {_show(value)} cannot be read as "
+                                         f"{expect[names[i].lower()].simpleString()}")
+            rows += 1
+    except UnicodeDecodeError as exc:
+        return FileProbe.bad(f"not UTF-8 text ({exc})")
+    except csv.Error as exc:
+        if "field larger than field limit" in str(exc):
+            raise LimitExceeded("max_field_chars", limits.max_field_chars, "a longer value") from None
+        return FileProbe.bad(f"not valid CSV: {exc}")
+    if names is None:
+        return FileProbe(EMPTY, "no rows", rows=0)
+    typed = {c.lower() for c, fit in zip(names, fits, strict=True) if fit is not None}
+    schema = StructType([StructField(c, expect[c.lower()] if c.lower() in typed else StringType()) for c in names])
+    if rows == 0:
+        return FileProbe(EMPTY, "only a header", rows=0, schema=schema, header=names)
+    return FileProbe(schema=schema, rows=rows, read_key="csv:" + json.dumps(names), header=names)
