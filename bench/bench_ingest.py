@@ -10,6 +10,10 @@ Both sides write the same table, so they are compared twice: with the lineage co
 `_source_file` / `_ingested_at` (the source's default `lineage_columns: true`; the script adds
 the same two columns) and without them (`lineage_columns: false`; the script appends the files
 as they are). Prints each timing and the ratio platform / hand-written per pair (goal ≤ 1.10).
+
+`--baseline-repo DIR` also times the platform of another checkout (e.g. `git archive main | tar -x
+-C DIR`) in the same rounds, so a change's cost is measured against the code before it on the same
+machine state; the sides run in a rotating order, round by round.
 """
 
 from __future__ import annotations
@@ -87,9 +91,9 @@ def generate(out: Path, gb: float, files: int) -> int:
     return written
 
 
-def run(cmd: list[str], env: dict) -> float:
+def run(cmd: list[str], env: dict, cwd: Path = REPO) -> float:
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
     elapsed = time.monotonic() - t0
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
@@ -104,7 +108,10 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--lineage", choices=("both", "lineage", "plain"), default="both",
                     help="which pair to time: with the lineage columns on both sides, without, or both")
+    ap.add_argument("--baseline-repo", type=Path, default=None,
+                    help="another checkout whose platform is timed in the same rounds (before/after a change)")
     args = ap.parse_args()
+    sides = ["platform", "handwritten"] + (["baseline"] if args.baseline_repo else [])
 
     work = Path(tempfile.mkdtemp(prefix="bench_ingest_"))
     data = work / "landing" / "events"
@@ -115,18 +122,21 @@ def main() -> None:
     try:
         for r in range(args.repeat):
             for mode in modes:
-                for side in ("platform", "handwritten"):
+                for side in sides[r % len(sides):] + sides[:r % len(sides)]:
                     home = work / f"{side}_{mode}_{r}"
                     env = {**os.environ, "LAKEHOUSE_HOME": str(home), "LAKEHOUSE_LANDING_DIR": str(work / "landing"),
                            "LAKEHOUSE_AUTO_APPLY": "0"}
                     env.pop("DAGSTER_HOME", None)
-                    if side == "platform":
+                    if side in ("platform", "baseline"):
+                        repo = REPO if side == "platform" else args.baseline_repo.resolve()
+                        if side == "baseline":  # its own lakehouse package, not this checkout's
+                            env["PYTHONPATH"] = str(repo)
                         meta = home / "meta.yaml"
                         home.mkdir(parents=True)
                         meta.write_text(METADATA.format(landing="events", lineage=str(mode == "lineage").lower()))
                         subprocess.run([PY, "-m", "lakehouse.cli", "metadata", "apply", str(meta)], env=env,
-                                       check=True, cwd=REPO, capture_output=True)
-                        t = run([PY, "-m", "lakehouse.cli", "run", "bench_ingest"], env=env)
+                                       check=True, cwd=repo, capture_output=True)
+                        t = run([PY, "-m", "lakehouse.cli", "run", "bench_ingest"], env=env, cwd=repo)
                     else:
                         script = work / "hand.py"
                         script.write_text(HANDWRITTEN)
@@ -142,6 +152,10 @@ def main() -> None:
         cols = "with _source_file/_ingested_at" if mode == "lineage" else "files' columns only"
         print(f"{cols:32s}: platform median {p:.1f} s | hand-written median {h:.1f} s | "
               f"ratio {p / h:.3f} (goal <= 1.10)")
+        if args.baseline_repo:
+            b = statistics.median(times[(mode, "baseline")])
+            print(f"{'':32s}  baseline median {b:.1f} s | baseline ratio {b / h:.3f} | "
+                  f"platform / baseline {p / b:.3f}")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from lakehouse.iceberg import MAIN, branch_name_for_run, quote, sql_string
 from lakehouse.ingest.checkpoints import Checkpoints, crash_point
-from lakehouse.ingest.files import CHECKPOINT_PROPERTY, EMPTY, PROCESSED, QUARANTINED, FileRef, probe_file
+from lakehouse.ingest.files import CHECKPOINT_PROPERTY, EMPTY, PROCESSED, QUARANTINED, FileRef
+from lakehouse.ingest.probe import probe_file
+from lakehouse.metadata.model import FileLimits
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -361,12 +363,14 @@ def load(platform: Platform, request: LoadRequest | dict, run_id: str | None = N
             log.warning("entity_raw %s: skipping %s: %s", ident, f.key, why)
         new = staged
     checked: list[FileRef] = []
+    footer: dict[str, str] = {}  # key -> its footer schema: files of different schemas are read apart
     for f in new:
         if f.size == 0:
             checked.append(f.with_status(EMPTY))
             continue
-        err = probe_file(f.local_path or f.key, "parquet")
-        checked.append(f if err is None else f.with_status(QUARANTINED, err))
+        probed = probe_file(f.local_path or f.key, "parquet", limits=src.limits if src is not None else FileLimits())
+        footer[f.key] = probed.read_key
+        checked.append(f if probed.status == PROCESSED else f.with_status(probed.status, probed.error))
     unread = [f for f in checked if f.status != PROCESSED]
     for f in unread:
         if f.status == QUARANTINED:
@@ -387,11 +391,15 @@ def load(platform: Platform, request: LoadRequest | dict, run_id: str | None = N
         groups.setdefault((c["typename"], c["workflow_id"], c["workflow_run_id"], c["connection_qualified_name"]),
                           []).append(f)
     for (typename, wf, wfr, cqn), fs in sorted(groups.items()):
-        raw = spark.read.parquet(*[f.local_path for f in fs])
-        frames.append(to_entity_raw(
-            raw, typename=typename, connection_qualified_name=cqn, workflow_id=wf, workflow_run_id=wfr,
-            extracted_at=extracted_at, tenant_id=request.tenant_id,
-            entity_name_field=app.entity_name_fields.get(typename.lower())))
+        same_schema: dict[str, list[FileRef]] = {}
+        for f in fs:  # Spark reads one schema per read: a file with other columns would lose them
+            same_schema.setdefault(footer[f.key], []).append(f)
+        for part in same_schema.values():
+            raw = spark.read.parquet(*[f.local_path for f in part])
+            frames.append(to_entity_raw(
+                raw, typename=typename, connection_qualified_name=cqn, workflow_id=wf, workflow_run_id=wfr,
+                extracted_at=extracted_at, tenant_id=request.tenant_id,
+                entity_name_field=app.entity_name_fields.get(typename.lower())))
     result.typenames = sorted({g[0] for g in groups})
     if frames:
         df = frames[0]

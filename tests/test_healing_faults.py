@@ -124,44 +124,90 @@ def test_commit_conflict_is_refreshed_and_recommitted(platform, tmp_path, monkey
 # --------------------------------------------------------------------------- schema drift
 
 
+def sql_drift_pipeline(pid: str, silver_props: str = "") -> str:
+    """bronze from files (reconciled per file, never a drift error) and an appending SQL stage whose
+    output gains every new bronze column: the write error evolve_schema heals."""
+    return f"""
+pipelines:
+  - {{pipeline_id: {pid}}}
+sources:
+  - {{source_id: {pid}_raw, kind: files, format: jsonl, path: {pid}, glob: "*.jsonl", batch_files: 1,
+     lineage_columns: false}}
+targets:
+  - {{target_id: {pid}_bronze, namespace: bronze, table: {pid}, write_mode: append}}
+  - {{target_id: {pid}_silver, namespace: silver, table: {pid}, write_mode: append{silver_props}}}
+stages:
+  - {{pipeline_id: {pid}, stage_order: 1, stage_name: ingest, layer: bronze, source_id: {pid}_raw,
+     target_id: {pid}_bronze}}
+  - {{pipeline_id: {pid}, stage_order: 2, stage_name: copy, layer: silver, target_id: {pid}_silver,
+     transformation: "SELECT * FROM bronze.{pid} WHERE id >= 100 OR id < 5"}}
+healing_actions:
+  - {{healing_id: drift, error_code: SCHEMA_DRIFT, actions: [evolve_schema], max_attempts: 2}}
+"""
+
+
 def test_new_input_column_evolves_the_table(platform, tmp_path):
     land = platform.settings.landing_dir / "sd"
     write_jsonl(land / "a.jsonl", [{"id": i, "v": f"x{i}"} for i in range(5)])
+    apply_yaml(platform, tmp_path, sql_drift_pipeline("sd"))
+    assert run_job(platform, "sd").success
     write_jsonl(land / "b.jsonl", [{"id": 100 + i, "v": f"y{i}", "extra": i * 1.5} for i in range(4)])
-    apply_yaml(platform, tmp_path, files_pipeline("sd", batch_files=1, healing="""
-  - {healing_id: drift, error_code: SCHEMA_DRIFT, actions: [evolve_schema], max_attempts: 2}
-"""))
     result = run_job(platform, "sd")
     assert result.success
 
+    # the files source reconciled b.jsonl on its own before the write: the column was added, nothing failed
     rows = pyiceberg(platform.settings).load_table("bronze.sd").scan().to_arrow().to_pylist()
     assert len(rows) == 9
     assert sorted(r["extra"] for r in rows if r["id"] >= 100) == [0.0, 1.5, 3.0, 4.5]
     assert all(r["extra"] is None for r in rows if r["id"] < 100)
+    assert [e.stage_name for e in audit(platform, result.run_id, "schema_evolved")] == ["ingest"]
+    # the SQL stage's output gained the column: its write failed and evolve_schema healed it
+    rows = pyiceberg(platform.settings).load_table("silver.sd").scan().to_arrow().to_pylist()
+    assert sorted(r["extra"] for r in rows if r["id"] >= 100) == [0.0, 1.5, 3.0, 4.5]
     run_id = result.run_id
     [failed] = audit(platform, run_id, "step_failed")
     assert failed.details["code"] == "SCHEMA_DRIFT" and failed.details["step"] == "load"
+    assert failed.stage_name == "copy"
     [act] = audit(platform, run_id, "healing_action")
     assert (act.action, act.outcome, act.details["added_columns"]) == ("evolve_schema", "applied", ["extra"])
-    assert materialization_md(result, "bronze/sd")["rows_written"] == 9  # nothing written twice
+    assert materialization_md(result, "silver/sd")["rows_written"] == 9  # nothing written twice
 
 
 def test_schema_drift_is_not_healed_when_the_policy_freezes_the_schema(platform, tmp_path):
     land = platform.settings.landing_dir / "sf"
     write_jsonl(land / "a.jsonl", [{"id": 1, "v": "a"}])
-    write_jsonl(land / "b.jsonl", [{"id": 2, "v": "b", "extra": 1.0}])
-    text = files_pipeline("sf", batch_files=1, healing="""
-  - {healing_id: drift, error_code: SCHEMA_DRIFT, actions: [evolve_schema], max_attempts: 2}
-""").replace("write_mode: append}", "write_mode: append, table_properties: {lakehouse.schema_policy: freeze}}")
-    assert "lakehouse.schema_policy" in text
+    text = sql_drift_pipeline("sf", silver_props=", table_properties: {lakehouse.schema_policy: freeze}")
     apply_yaml(platform, tmp_path, text)
+    assert run_job(platform, "sf").success
+    write_jsonl(land / "b.jsonl", [{"id": 2, "v": "b", "extra": 1.0}])
     result = run_job(platform, "sf")
     assert not result.success
     [act] = audit(platform, result.run_id, "healing_action")
     assert act.outcome == "not_applicable" and "freeze" in act.details["detail"]
     assert [e.outcome for e in audit(platform, result.run_id, "healing")] == ["unhealed"]
-    cols = [f.name for f in pyiceberg(platform.settings).load_table("bronze.sf").schema().fields]
+    cols = [f.name for f in pyiceberg(platform.settings).load_table("silver.sf").schema().fields]
     assert "extra" not in cols
+
+
+def test_a_files_source_under_freeze_quarantines_a_file_with_new_columns(platform, tmp_path):
+    land = platform.settings.landing_dir / "sq"
+    write_jsonl(land / "a.jsonl", [{"id": 1, "v": "a"}])
+    text = files_pipeline("sq", batch_files=1, healing="""
+  - {healing_id: corrupt, error_code: CORRUPT_INPUT, actions: [quarantine_input]}
+""").replace(
+        "write_mode: append}", "write_mode: append, table_properties: {lakehouse.schema_policy: freeze}}")
+    apply_yaml(platform, tmp_path, text)
+    assert run_job(platform, "sq").success
+    write_jsonl(land / "b.jsonl", [{"id": 2, "v": "b", "extra": 1.0}])
+    write_jsonl(land / "c.jsonl", [{"id": 3, "v": "c"}])
+    result = run_job(platform, "sq")
+    assert result.success  # the file that does not fit is set aside; the rest loads
+    md = materialization_md(result, "bronze/sq")
+    assert json.loads(md["quarantined_file_errors"]) == [
+        {"key": "b.jsonl", "error": "new column extra (double) (schema policy freeze)"}]
+    table = pyiceberg(platform.settings).load_table("bronze.sq")
+    assert sorted(r["id"] for r in table.scan().to_arrow().to_pylist()) == [1, 3]
+    assert "extra" not in [f.name for f in table.schema().fields]
 
 
 # --------------------------------------------------------------------------- corrupt input

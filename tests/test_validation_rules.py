@@ -163,9 +163,13 @@ def test_schema_contract_freeze_keeps_table_schema(platform, tmp_path):
     land(platform, "orders", "b1", [order(1), order(2)])
     assert run(platform).success
     land(platform, "orders", "b2", [order(3, coupon="X")])
+    land(platform, "orders", "b3", [order(4)])
     res = run(platform)
     assert res.success
     ev = checks(res)["contract"]
-    assert ev.passed and md(ev)["details"]["ignored"] == ["coupon"]
+    # each file is reconciled on its own: the one with a new column is quarantined, named in the check
+    assert ev.passed and md(ev)["details"]["quarantined_files"] == [
+        {"key": "b2.parquet", "reason": "new column coupon (string) (schema policy freeze)"}]
+    assert "quarantined 1 file(s) that do not fit the table: b2.parquet" in md(ev)["message"]
     assert "coupon" not in [f.name for f in pyiceberg(platform).load_table("bronze.orders").schema().fields]
-    assert sorted(r["order_id"] for r in rows_of(platform, "bronze.orders")) == [1, 2, 3]
+    assert sorted(r["order_id"] for r in rows_of(platform, "bronze.orders")) == [1, 2, 4]

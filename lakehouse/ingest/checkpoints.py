@@ -376,6 +376,10 @@ def ingest_metadata(runner: StageRunner) -> dict:
         md["quarantined_file_errors"] = json.dumps(q[:50])
     if report.get("empty_files"):
         md["empty_files"] = len(report["empty_files"])
+    if report.get("schema_changes"):  # new columns / widenings applied before the write
+        md["schema_changes"] = report["schema_changes"]
+    if report.get("schema_notes"):  # per loaded file: what it lacked (NULL) or was cast
+        md["schema_notes"] = json.dumps(report["schema_notes"][:50])
     for k in ("files_downloaded", "download_seconds", "staged_bytes"):
         if k in report:
             md[k] = report[k]

@@ -256,7 +256,10 @@ def prepare_files(runner: StageRunner, spark: SparkSession, source: Source, file
         reference = voted if declared is None else merge(declared, _only(voted, {
             f.name.lower() for f in voted.fields} - {f.name.lower() for f in declared.fields}))
     decisions, final = reconcile_files(reference, schemas, policy, allowed)
-    failed = []
+    # policy fail with a schema_contract rule: a file's new top-level columns go to the contract,
+    # which keeps them off the branch and fails its check (blocking when the rule is `error`)
+    contract_fail = policy == "fail" and any(r.enabled and r.type == "schema_contract" for r in runner.rules)
+    failed, kept_for_contract = [], []
     by_key = {d.key: d for d in decisions}
     prepared.decisions = by_key
     for i, f in enumerate(prepared.files):
@@ -266,13 +269,22 @@ def prepare_files(runner: StageRunner, spark: SparkSession, source: Source, file
         if d.action == QUARANTINE:
             prepared.files[i] = f.with_status(QUARANTINED, d.reason)
         elif d.action == FAIL:
-            failed.append(d)
+            drift = [c for c in d.changes if c.kind in ("new", "widen")]
+            if contract_fail and all(c.kind == "new" and len(c.path) == 1 for c in drift):
+                kept_for_contract.append(d)
+            else:
+                failed.append(d)
     if failed:
         raise SchemaPolicyViolation(
             f"{ident}: {len(failed)} file(s) do not fit the table and the schema policy is 'fail': "
             + "; ".join(f"{d.key}: {d.reason}" for d in failed[:20])
             + ". Nothing was written. Fix or remove the files, or change the policy (evolve adds new columns, "
             "freeze quarantines such files).")
+    table_target = final
+    for d in kept_for_contract:  # read, so that the contract sees them; never added to the table
+        final = merge(final, prepared.read_schemas[d.key])
+        runner.audit("schema_drift", outcome="kept_off_branch", message=f"{d.key}: {d.reason}",
+                     details={"key": d.key, "columns": [c.column for c in d.of("new")]})
     prepared.schema = final
     for f in prepared.files:
         if f.status == PROCESSED and f.key in prepared.read_schemas:
@@ -282,7 +294,7 @@ def prepare_files(runner: StageRunner, spark: SparkSession, source: Source, file
             if source.format == "jsonl":  # JSON is read straight into the reconciled schema, in the file's casing
                 prepared.read_schemas[f.key] = _recase(final, own)
     if table is not None:
-        _evolve_table(runner, tables, ident, table, final)
+        _evolve_table(runner, tables, ident, table, table_target)
     _report(runner, prepared)
     return prepared
 
@@ -370,6 +382,7 @@ def _evolve_table(runner: StageRunner, tables, ident: str, table: StructType, fi
     runner.log.info("%s: schema evolved before the write: %s", ident, "; ".join(described))
     report = runner.__dict__.setdefault("ingest_report", {})
     report["schema_changes"] = described
+    report["schema_added_columns"] = [c.column for c in changes if c.kind == "new" and len(c.path) == 1]
 
 
 def _has_path(schema, path: tuple[str, ...]) -> bool:
@@ -394,6 +407,9 @@ def _has_path(schema, path: tuple[str, ...]) -> bool:
 def _report(runner: StageRunner, prepared: PreparedFiles) -> None:
     """What reconciliation decided for loaded files (casts, NULL columns), for the run's metadata."""
     notes = []
+    report = runner.__dict__.setdefault("ingest_report", {})
+    report["schema_quarantined"] = [{"key": k, "reason": d.reason} for k, d in prepared.decisions.items()
+                                    if d.action == QUARANTINE]
     for key, d in prepared.decisions.items():
         if d.action != "load" or not d.changes:
             continue
@@ -402,7 +418,6 @@ def _report(runner: StageRunner, prepared: PreparedFiles) -> None:
             kinds.setdefault(c.kind, []).append(c.column)
         notes.append({"key": key, **kinds})
     if notes:
-        report = runner.__dict__.setdefault("ingest_report", {})
         report["schema_notes"] = notes
 
 

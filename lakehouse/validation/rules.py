@@ -277,9 +277,10 @@ class SchemaDrift:
     extra: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)  # evolve: added to the table
     ignored: list[str] = field(default_factory=list)  # freeze/fail: not written
+    quarantined: list[dict] = field(default_factory=list)  # files that did not fit, {key, reason}
 
     def merge(self, other: SchemaDrift) -> None:
-        for f in ("missing", "retyped", "extra", "added", "ignored"):
+        for f in ("missing", "retyped", "extra", "added", "ignored", "quarantined"):
             cur = getattr(self, f)
             cur.extend(x for x in getattr(other, f) if x not in cur)
 
@@ -334,10 +335,14 @@ def contract_outcome(rule: Rule, drift: SchemaDrift, total: int, null_counts: di
         notes.append(f"added column(s) {drift.added} to the table (policy evolve)")
     if drift.ignored and rule.schema_policy == "freeze":
         notes.append(f"ignored new column(s) {drift.ignored} (policy freeze)")
+    if drift.quarantined:
+        notes.append(f"quarantined {len(drift.quarantined)} file(s) that do not fit the table: "
+                     + "; ".join(f"{q['key']}: {q['reason']}" for q in drift.quarantined[:5]))
     msg = "; ".join(problems + notes) or "schema matches the contract"
     return CheckOutcome(rule, not problems, sum(nulls.values()), total, describe(rule), message=msg,
                         details={"policy": rule.schema_policy, "missing": drift.missing, "retyped": drift.retyped,
                                  "new_columns": drift.extra, "added": drift.added, "ignored": drift.ignored,
+                                 "quarantined_files": drift.quarantined,
                                  "null_counts": nulls})
 
 

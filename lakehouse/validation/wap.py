@@ -114,9 +114,13 @@ class AuditedWrite:
 
             new = StructType([f for f in df.schema.fields if f.name in added])
             retry_metadata_commit(self.tables, self.ident, lambda: self.tables.add_missing_columns(self.ident, new))
+        # files reconciled one by one before the write (lakehouse.ingest.prepare): what they added, which quarantined
+        report = getattr(self.runner, "ingest_report", None) or {}
+        added += [c for c in report.get("schema_added_columns", []) if c not in added]
         for d in self.drift.values():
             d.added.extend(c for c in added if c not in d.added)
             d.ignored.extend(c for c in ignored if c not in d.ignored)
+            d.quarantined.extend(q for q in report.get("schema_quarantined", []) if q not in d.quarantined)
         return self._align(df)
 
     def _align(self, df: DataFrame) -> DataFrame:
