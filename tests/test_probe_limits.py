@@ -214,3 +214,23 @@ def test_landing_listing_refuses_symlinks_out_of_the_root(tmp_path):
     assert "leaves the source root" in walked["sub/up"]
     with pytest.raises(PathEscape, match="would leave the landing directory"):
         landing_root(Source(source_id="t", kind="files", format="jsonl", path="../../etc"), landing)
+
+
+def test_entity_raw_load_requests_cannot_leave_the_landing_root(settings, tmp_path):
+    from lakehouse.entity_raw import LoadRequest, resolve_files
+    from lakehouse.metadata.store import MetadataStore
+    from lakehouse.runner import Platform
+
+    platform = Platform(settings, MetadataStore(settings.control_db_url))  # no Spark needed to resolve files
+    root = settings.landing_dir / "apps"
+    (root / "wf" / "run" / "raw" / "table").mkdir(parents=True)
+    (root / "wf" / "run" / "raw" / "table" / "ok.parquet").write_bytes(b"PAR1")
+    secret = tmp_path / "secret.parquet"
+    secret.write_bytes(b"PAR1")
+    os.symlink(secret, root / "wf" / "run" / "raw" / "table" / "link.parquet")
+    src = Source(source_id="apps", kind="files", format="parquet", path="apps")
+    for key in ("../../secret.parquet", str(secret), "wf/run/raw/table/link.parquet"):
+        with pytest.raises(PathEscape, match="is refused"):
+            resolve_files(platform, src, LoadRequest(application="a", tenant_id="t", file_keys=[key]))
+    found, _ = resolve_files(platform, src, LoadRequest(application="a", tenant_id="t", patterns=["**/*.parquet"]))
+    assert [f.key for f in found] == ["wf/run/raw/table/ok.parquet"]  # the symlink out is not matched

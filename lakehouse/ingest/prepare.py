@@ -21,6 +21,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from lakehouse.errors import SCHEMA_DRIFT, PlatformError
 from lakehouse.iceberg import ddl_type, quote, retry_metadata_commit
 from lakehouse.ingest.files import EMPTY, PROCESSED, QUARANTINED, FileRef
 from lakehouse.ingest.probe import FileProbe, probe_file
@@ -37,10 +38,10 @@ log = logging.getLogger(__name__)
 LINEAGE_COLUMNS = ("_source_file", "_ingested_at")
 
 
-class SchemaPolicyViolation(RuntimeError):
-    """Files do not fit the table and the schema policy is `fail` (error code SCHEMA_DRIFT)."""
+class SchemaPolicyViolation(PlatformError):
+    """Files do not fit the table and the schema policy is `fail`."""
 
-    code = "SCHEMA_DRIFT"
+    code = SCHEMA_DRIFT
 
 
 @dataclass
@@ -208,8 +209,55 @@ def prepare_files(runner: StageRunner, spark: SparkSession, source: Source, file
     contract = {c.name.lower() for r in runner.rules if r.enabled and r.type == "schema_contract"
                 for c in r.expected_columns}
     allowed = contract | {c.name.lower() for c in source.columns}
-    expect = {f.name.lower(): f.dataType for f in (reference.fields if reference is not None else [])}
 
+    prepared, probes = _probe_all(runner, source, files, reference)
+    if source.format == "parquet":
+        _resolve_parquet(spark, prepared, probes)
+    else:
+        prepared.read_schemas.update({key: p.schema for key, p in probes.items()})
+    reserved = _reserved_columns(prepared, platform_cols)
+    prepared.files = [f.with_status(QUARANTINED, reserved[f.key]) if f.key in reserved else f for f in prepared.files]
+    good = [f for f in prepared.files if f.status == PROCESSED and f.key in prepared.read_schemas]
+    if not good:
+        prepared.schema = reference
+        return prepared
+
+    schemas = [(f.key, prepared.read_schemas[f.key]) for f in good]
+    if table is None:  # a new table: what most files agree on (the declared columns as declared)
+        voted = vote([s for _, s in schemas])
+        if policy != "evolve" and allowed:
+            voted = _only(voted, allowed)
+        reference = voted if declared is None else merge(declared, _only(voted, {
+            f.name.lower() for f in voted.fields} - {f.name.lower() for f in declared.fields}))
+    decisions, table_target = reconcile_files(reference, schemas, policy, allowed)
+    # policy fail with a schema_contract rule: a file's new top-level columns go to the contract,
+    # which keeps them off the branch and fails its check (blocking when the rule is `error`)
+    contract_fail = policy == "fail" and any(r.enabled and r.type == "schema_contract" for r in runner.rules)
+    kept_for_contract = _apply_decisions(prepared, decisions, ident, contract_fail)
+    final = table_target
+    for d in kept_for_contract:  # read, so that the contract sees them; never added to the table
+        final = merge(final, prepared.read_schemas[d.key])
+        runner.audit("schema_drift", outcome="kept_off_branch", message=f"{d.key}: {d.reason}",
+                     details={"key": d.key, "columns": [c.column for c in d.of("new")]})
+    prepared.schema = final
+    for f in prepared.files:
+        if f.status == PROCESSED and f.key in prepared.read_schemas:
+            own = prepared.read_schemas[f.key]
+            if source.format == "jsonl":  # read straight into the reconciled schema, in the file's casing
+                prepared.read_schemas[f.key] = _recase(final, own)
+                prepared.read_keys[f.key] = "jsonl|" + prepared.read_schemas[f.key].json()
+            else:
+                prepared.read_keys[f.key] = probes[f.key].read_key + "|" + own.json()
+    if table is not None:
+        _evolve_table(runner, tables, ident, table, table_target)
+    _report(runner, prepared)
+    return prepared
+
+
+def _probe_all(runner: StageRunner, source: Source, files: list[FileRef], reference: StructType | None
+               ) -> tuple[PreparedFiles, dict[str, FileProbe]]:
+    """Every file probed (results kept on the runner, so a healing retry does not probe again)."""
+    expect = {f.name.lower(): f.dataType for f in (reference.fields if reference is not None else [])}
     cache: dict = runner.__dict__.setdefault("_file_probes", {})
     sig = json.dumps({k: t.simpleString() for k, t in sorted(expect.items())})
     checked: list[FileRef] = []
@@ -232,38 +280,17 @@ def prepare_files(runner: StageRunner, spark: SparkSession, source: Source, file
             continue
         probes[f.key] = p
         checked.append(f)
+    return PreparedFiles(source, checked, None), probes
 
-    prepared = PreparedFiles(source, checked, None)
-    if source.format == "parquet":
-        _resolve_parquet(spark, prepared, probes)
-    else:
-        for key, p in probes.items():
-            prepared.read_schemas[key] = p.schema
-    reserved = _reserved_columns(prepared, platform_cols)
-    if reserved:
-        prepared.files = [f.with_status(QUARANTINED, reserved[f.key]) if f.key in reserved else f
-                          for f in prepared.files]
-    good = [f for f in prepared.files if f.status == PROCESSED and f.key in prepared.read_schemas]
-    if not good:
-        prepared.schema = reference
-        return prepared
 
-    schemas = [(f.key, prepared.read_schemas[f.key]) for f in good]
-    if table is None:  # a new table: what most files agree on (the declared columns as declared)
-        voted = vote([s for _, s in schemas])
-        if policy != "evolve" and allowed:
-            voted = _only(voted, allowed)
-        reference = voted if declared is None else merge(declared, _only(voted, {
-            f.name.lower() for f in voted.fields} - {f.name.lower() for f in declared.fields}))
-    decisions, final = reconcile_files(reference, schemas, policy, allowed)
-    # policy fail with a schema_contract rule: a file's new top-level columns go to the contract,
-    # which keeps them off the branch and fails its check (blocking when the rule is `error`)
-    contract_fail = policy == "fail" and any(r.enabled and r.type == "schema_contract" for r in runner.rules)
+def _apply_decisions(prepared: PreparedFiles, decisions: list[Decision], ident: str,
+                     contract_fail: bool) -> list[Decision]:
+    """Quarantine the files that do not fit; raise for policy `fail`; return the files whose new
+    columns are left to a `fail` schema contract."""
     failed, kept_for_contract = [], []
-    by_key = {d.key: d for d in decisions}
-    prepared.decisions = by_key
+    prepared.decisions = {d.key: d for d in decisions}
     for i, f in enumerate(prepared.files):
-        d = by_key.get(f.key)
+        d = prepared.decisions.get(f.key)
         if d is None:
             continue
         if d.action == QUARANTINE:
@@ -280,23 +307,7 @@ def prepare_files(runner: StageRunner, spark: SparkSession, source: Source, file
             + "; ".join(f"{d.key}: {d.reason}" for d in failed[:20])
             + ". Nothing was written. Fix or remove the files, or change the policy (evolve adds new columns, "
             "freeze quarantines such files).")
-    table_target = final
-    for d in kept_for_contract:  # read, so that the contract sees them; never added to the table
-        final = merge(final, prepared.read_schemas[d.key])
-        runner.audit("schema_drift", outcome="kept_off_branch", message=f"{d.key}: {d.reason}",
-                     details={"key": d.key, "columns": [c.column for c in d.of("new")]})
-    prepared.schema = final
-    for f in prepared.files:
-        if f.status == PROCESSED and f.key in prepared.read_schemas:
-            own = prepared.read_schemas[f.key]
-            prepared.read_keys[f.key] = (probes[f.key].read_key + "|" + own.json()
-                                         if source.format != "jsonl" else "jsonl|" + _recase(final, own).json())
-            if source.format == "jsonl":  # JSON is read straight into the reconciled schema, in the file's casing
-                prepared.read_schemas[f.key] = _recase(final, own)
-    if table is not None:
-        _evolve_table(runner, tables, ident, table, table_target)
-    _report(runner, prepared)
-    return prepared
+    return kept_for_contract
 
 
 def _reserved_columns(prepared: PreparedFiles, reserved: set[str]) -> dict[str, str]:

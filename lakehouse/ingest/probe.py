@@ -264,7 +264,13 @@ class _Infer:
         fields = node.fields
         for k, v in obj.items():
             if k in fields:
-                fields[k] = self.merge(fields[k], v, depth, f"{path}.{k}" if path else k)
+                tag, t = fields[k], type(v)
+                # fast path for most values: null, or the field's type again (no call, no new tag)
+                if v is None or (t is str and tag is STRING and len(v) <= self.max_chars) or (
+                        t is float and tag is DOUBLE) or (t is bool and tag is BOOL) or (
+                        t is int and (tag is DOUBLE or (tag is LONG and _LONG_MIN <= v <= _LONG_MAX))):
+                    continue
+                fields[k] = self.merge(tag, v, depth, f"{path}.{k}" if path else k)
                 continue
             where = f" in {path}" if path else ""
             if k == "":
@@ -312,7 +318,9 @@ def _probe_jsonl(fh, limits, expect: dict[str, Any]) -> FileProbe:
     root = _Struct()
     checks = {k: _fitter(t) for k, t in expect.items()}
     checks = {k: f for k, f in checks.items() if f is not None}
-    parse_float = Decimal if any(getattr(t, "typeName", lambda: "")() == "decimal" for t in expect.values()) else float
+    # one decoder for the file (json.loads with arguments builds a new one per call); decimals exact when checked
+    decimals = any(getattr(t, "typeName", lambda: "")() == "decimal" for t in expect.values())
+    decode = json.JSONDecoder(parse_float=Decimal).decode if decimals else json.JSONDecoder().decode
     rows = 0
     reader = io.BufferedReader(BoundedLines(fh, limits.max_line_bytes), buffer_size=1 << 20)
     for n, raw in enumerate(reader, 1):
@@ -322,7 +330,7 @@ def _probe_jsonl(fh, limits, expect: dict[str, Any]) -> FileProbe:
             continue
         infer.where = f"line {n}"
         try:
-            obj = json.loads(raw.decode("utf-8"), parse_float=parse_float)
+            obj = decode(raw.decode("utf-8"))
         except RecursionError:
             raise LimitExceeded("max_depth", limits.max_depth, "nesting deeper than the JSON parser can follow",
                                 infer.where) from None
