@@ -127,12 +127,3 @@ def read_files(spark: SparkSession, source: Source, files: list[FileRef]) -> Dat
 
 def file_refs_to_json(files: list[FileRef]) -> list[dict]:
     return [asdict(f) for f in files]
-
-
-def probe_file(path: str, fmt: str, csv_header: bool = True) -> str | None:
-    """None if the file can be read, else the reason (default limits; see lakehouse.ingest.probe)."""
-    from lakehouse.ingest.probe import probe_file as probe
-    from lakehouse.metadata.model import FileLimits
-
-    p = probe(path, fmt, limits=FileLimits(), csv_header=csv_header)
-    return p.error if p.status == QUARANTINED else None
