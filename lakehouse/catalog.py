@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from lakehouse.settings import Settings
 from lakehouse.sqlite_files import BUSY_TIMEOUT_S, prepare_sqlite, sqlite_path
@@ -26,8 +27,6 @@ def _uri(settings: Settings) -> str:
 
 def pyiceberg_catalog(settings: Settings):
     """A SqlCatalog with the same name and database as Spark's catalog; cached per (name, uri)."""
-    from pyiceberg.catalog.sql import SqlCatalog
-
     uri = _uri(settings)
     if uri.startswith("sqlite:///"):
         prepare_sqlite(uri)
@@ -35,8 +34,31 @@ def pyiceberg_catalog(settings: Settings):
     key = (settings.catalog_name, settings.catalog_uri, settings.warehouse)
     with _LOCK:
         if key not in _CACHE:
-            _CACHE[key] = SqlCatalog(settings.catalog_name, uri=uri, warehouse=settings.warehouse)
+            _CACHE[key] = _open(settings, uri)
         return _CACHE[key]
+
+
+def _open(settings: Settings, uri: str):
+    """Open the SQL catalog; ride out an outage of its database, and a concurrent first start
+    (two processes creating `iceberg_tables` at once: the loser sees "already exists")."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from lakehouse.outage import describe_url, install_connect_hook, ride_out
+
+    def attempt():
+        for n in range(1, 6):
+            try:
+                return SqlCatalog(settings.catalog_name, uri=uri, warehouse=settings.warehouse, pool_pre_ping="true")
+            except Exception as exc:  # noqa: BLE001 - only the creation race is retried here
+                if n == 5 or "already exists" not in str(exc):
+                    raise
+                time.sleep(0.2 * n)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    cat = ride_out(attempt, database=describe_url(settings.catalog_uri), what="opening the Iceberg catalog",
+                   role="Iceberg catalog")
+    install_connect_hook(cat.engine, role="Iceberg catalog")
+    return cat
 
 
 def readonly_catalog(settings: Settings):

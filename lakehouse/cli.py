@@ -146,34 +146,40 @@ def cmd_audit(args) -> int:
 
 # ---------------------------------------------------------------- branches
 def cmd_branches(args) -> int:
-    from lakehouse.iceberg import MAIN
+    from lakehouse import branches as hygiene
 
     platform = Platform.from_env()
     tables = platform.tables()
     catalog = platform.catalog()
-    idents = [args.table] if getattr(args, "table", None) else [t.identifier for t in catalog.targets if t.kind == "iceberg"]
+    targets = {t.identifier: t for t in catalog.targets if t.kind == "iceberg"}
+    idents = [args.table] if getattr(args, "table", None) else list(targets)
     if args.action == "list":  # a run's quarantine rows sit on the same-named branch of the quarantine table
         from lakehouse.validation.quarantine import quarantine_identifier
 
-        idents += [quarantine_identifier(i) for i in list(idents)]
-    if args.action == "list":
+        idents += [quarantine_identifier(i) for i in list(idents) if not i.endswith("__quarantine")]
         rows = []
         for ident in idents:
-            if not tables.exists(ident):
-                continue
-            for name, snap in tables.refs(ident).items():
-                if name != MAIN:
-                    summary = tables.snapshot_summary(ident, snap)
-                    rows.append({"table": ident, "branch": name, "snapshot_id": snap,
-                                 "added_records": summary.get("added-records", "")})
+            data = ident[: -len("__quarantine")] if ident.endswith("__quarantine") else ident
+            retention = hygiene.retention_s(catalog, targets.get(data))
+            for st in hygiene.branch_states(platform, tables, ident, lease_table=data, retention=retention):
+                rows.append({"table": ident, "branch": st.branch, "state": st.state, "run_id": st.run_id or "",
+                             "kept_until": st.kept_until, "snapshot_id": st.snapshot_id,
+                             "added_records": st.added_records})
         _print_table(rows)
     elif args.action == "show":
         df = tables.read(args.table, args.branch)
         print(f"{args.table} @ {args.branch}: {df.count()} rows (main: {tables.read(args.table).count()})")
         df.show(args.rows, truncate=False)
     elif args.action == "drop":
-        tables.drop_branch(args.table, args.branch)
-        print(f"dropped branch {args.branch} of {args.table}")
+        n = hygiene.drop_branch_and_commits(tables, args.table, args.branch)
+        print(f"dropped branch {args.branch} of {args.table} ({n} commit(s) only it held expired)")
+    elif args.action == "prune":
+        report = hygiene.prune(platform, tables, catalog, [args.table] if args.table else None,
+                               orphans=args.orphans, orphan_min_age_hours=args.orphan_min_age_hours)
+        for row in report:
+            row["dropped"] = ", ".join(row["dropped"]) or "-"
+            row["published"] = ", ".join(row["published"]) or "-"
+        _print_table(report)
     return 0
 
 
@@ -240,6 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
     bd = bsub.add_parser("drop")
     bd.add_argument("table")
     bd.add_argument("branch")
+    bp = bsub.add_parser("prune", help="drop branches of dead runs and failed audits past their retention")
+    bp.add_argument("table", nargs="?")
+    bp.add_argument("--orphans", action="store_true",
+                    help="also remove files no commit references (older than orphan_files.min_age_hours)")
+    bp.add_argument("--orphan-min-age-hours", type=float, default=None,
+                    help="override the minimum age of orphan files to remove")
     b.set_defaults(func=cmd_branches)
 
     for register in EXTRA_COMMANDS:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from lakehouse.iceberg import MAIN, branch_name_for_run, quote, sql_string
+from lakehouse.iceberg import branch_name_for_run, quote, sql_string
 from lakehouse.ingest.checkpoints import Checkpoints, crash_point
 from lakehouse.ingest.files import CHECKPOINT_PROPERTY, EMPTY, PROCESSED, QUARANTINED, FileRef
 from lakehouse.ingest.probe import probe_file
@@ -325,6 +325,7 @@ def load(platform: Platform, request: LoadRequest | dict, run_id: str | None = N
     # checkpoint identity: tenant + location + key, so two tenants never shadow each other's files
     ck = {f.key: f"{request.tenant_id}|{location}{f.key}" for f in files}
     tables = platform.tables()
+    since = tables.snapshot_id(ident)  # main as planned: the publish checks every later commit
     cp = Checkpoints(platform, ident)
     cp.sync(tables)
     done = cp.handled([FileRef(ck[f.key], f.size, f.etag) for f in files])
@@ -405,7 +406,11 @@ def load(platform: Platform, request: LoadRequest | dict, run_id: str | None = N
         df = frames[0]
         for other in frames[1:]:
             df = df.unionByName(other)
-        _commit(platform, ident, df, request, groups, checked, ck, run_id, result)
+        superseded = _commit(platform, ident, df, request, groups, checked, ck, run_id, result, since)
+        if superseded is not None:  # another run loaded some of these files first: load only the rest
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+            return _load_rest(platform, request, run_id, ident, superseded, result)
         result.files_loaded = len(good)
     cp.sync(tables)
     if staging is not None:
@@ -430,13 +435,40 @@ def _ck_rows(files: list[FileRef], ck: dict[str, str], run_id: str):
     return [CheckpointRow(ck[f.key], f.etag, f.size, f.status, run_id, None, f.error) for f in files]
 
 
+def _load_rest(platform: Platform, request: LoadRequest, run_id: str, ident: str, superseded, first: LoadResult
+               ) -> LoadResult:
+    """Plan and load again from the current main: only what nobody has loaded is left."""
+    msg = superseded.overlap.message() if superseded.overlap else "main moved under an UPSERT"
+    log.warning("entity_raw %s: %s; loading the rest", ident, msg)
+    platform.store.audit(run_id=run_id, dataset=ident, event="already_loaded", outcome="skipped", message=msg,
+                         details=superseded.overlap.details() if superseded.overlap else {})
+    rest = load(platform, request, run_id=run_id)
+    rest.quarantined = first.quarantined + rest.quarantined
+    rest.empty_files += first.empty_files
+    return rest
+
+
 def _commit(platform: Platform, ident: str, df: DataFrame, request: LoadRequest, groups: dict,
-            checked: list[FileRef], ck: dict[str, str], run_id: str, result: LoadResult) -> None:
+            checked: list[FileRef], ck: dict[str, str], run_id: str, result: LoadResult, since: int | None = None):
+    """One commit on the run's branch, published exactly once (lakehouse.publish). Returns the
+    PublishResult when nothing was published (input already on main, or main moved under an UPSERT)."""
     import json
+
+    from lakehouse import coordination
+    from lakehouse.branches import drop_branch_and_commits
+    from lakehouse.publish import publish_branch
 
     tables = platform.tables()
     branch = branch_name_for_run(run_id)
-    tables.create_branch(ident, branch)
+    coordination.hold_lease(platform, run_id, ident)
+    from lakehouse.branches import tidy_before_write
+
+    tidy_before_write(platform, tables, platform.catalog(), ident, run_id)  # what dead loads left behind
+    if branch in tables.refs(ident):  # a retry of this load: start over
+        drop_branch_and_commits(tables, ident, branch)
+    from lakehouse.iceberg import retry_metadata_commit
+
+    retry_metadata_commit(tables, ident, lambda: tables.create_branch(ident, branch))
     if request.mode == "UPSERT":
         pairs = sorted({(g[3], g[0]) for g in groups})
         cond = " OR ".join(
@@ -455,9 +487,17 @@ def _commit(platform: Platform, ident: str, df: DataFrame, request: LoadRequest,
     head = tables.snapshot_id(ident, branch)
     summary = tables.snapshot_summary(ident, head) if head is not None else {}
     result.rows_written = int(summary.get("added-records", 0))
-    result.snapshot_id = tables.publish(ident, branch)
-    tables.drop_branch(ident, branch)
-    assert result.snapshot_id == tables.snapshot_id(ident, MAIN)
+    try:
+        with coordination.publish_lock(platform, ident):
+            res = publish_branch(tables, ident, branch, since=since, run_id=run_id,
+                                 can_rebase=request.mode == "APPEND")
+        if not res.published:
+            drop_branch_and_commits(tables, ident, branch)
+            return res
+        result.snapshot_id = res.snapshot_id
+    finally:
+        coordination.release_lease(platform, run_id, ident)
+    return None
 
 
 # --------------------------------------------------------------------------- arrivals

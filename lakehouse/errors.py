@@ -23,10 +23,12 @@ JVM_ERROR = "JVM_ERROR"
 STAGE_DISABLED = "STAGE_DISABLED"
 AUDIT_FAILED = "AUDIT_FAILED"
 CONFIGURATION = "CONFIGURATION"  # the metadata cannot work as written: fix it, a retry will not
+DATABASE_UNAVAILABLE = "DATABASE_UNAVAILABLE"
 UNKNOWN = "UNKNOWN"
 
-#: Codes whose failures are decisions or mistakes, not faults: never healed, never retried.
-NOT_RETRYABLE = frozenset({STAGE_DISABLED, AUDIT_FAILED, CONFIGURATION})
+#: Codes whose failures are decisions or mistakes, not faults: never healed, never retried. A
+#: database still down after the outage window (lakehouse.outage) was already retried for that long.
+NOT_RETRYABLE = frozenset({STAGE_DISABLED, AUDIT_FAILED, CONFIGURATION, DATABASE_UNAVAILABLE})
 
 # (code, class names anywhere in the MRO, message patterns). First match wins, so the more
 # specific codes come first (a corrupt parquet footer is also an IOException).
@@ -130,6 +132,12 @@ class StepTimeout(PlatformError):
     """A step's Spark work ran past its timeout and was cancelled (lakehouse.control.deadline)."""
 
     code = STEP_TIMEOUT
+
+
+class DatabaseUnavailable(PlatformError):
+    """The control DB or the catalog database stayed unreachable past the outage window."""
+
+    code = DATABASE_UNAVAILABLE
 
 
 @dataclass(frozen=True)

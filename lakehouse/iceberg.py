@@ -63,6 +63,22 @@ def sort_expr(s: SortField) -> str:
     return out
 
 
+def _rides_out(method):
+    """A catalog call that waits out a short outage of the catalog database (lakehouse.outage);
+    only for calls that are safe to repeat (reads and IF [NOT] EXISTS DDL)."""
+    import functools
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        from lakehouse.outage import ride_out
+
+        return ride_out(lambda: method(self, *args, **kwargs), database=self.catalog_label,
+                        what=f"{method.__name__.strip('_').replace('_', ' ')} {args[0] if args else ''}".strip(),
+                        role="Iceberg catalog")
+
+    return call
+
+
 def branch_name_for_run(run_id: str) -> str:
     return "audit_" + "".join(ch if ch.isalnum() else "_" for ch in run_id)[:48]
 
@@ -106,6 +122,7 @@ class IcebergTables:
         return f"{quote(self.catalog)}.{quote(ns)}.{quote(tbl)}.{quote(which)}"
 
     # ------------------------------------------------------------------ DDL
+    @_rides_out
     def exists(self, identifier: str) -> bool:
         if self.meta is not None:
             return self.meta.table_exists(identifier)
@@ -114,13 +131,20 @@ class IcebergTables:
             self.spark.sql(f"SHOW TABLES IN {quote(self.catalog)}.{quote(ns)} LIKE {sql_string(tbl)}").count()
         ) if self.namespace_exists(ns) else False
 
+    @_rides_out
     def namespace_exists(self, ns: str) -> bool:
         rows = self.spark.sql(f"SHOW NAMESPACES IN {quote(self.catalog)}").collect()
         return any(r[0] == ns for r in rows)
 
+    @_rides_out
     def ensure_namespace(self, ns: str) -> None:
-        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(self.catalog)}.{quote(ns)}")
+        try:
+            self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(self.catalog)}.{quote(ns)}")
+        except Exception:
+            if not self.namespace_exists(ns):  # else another run created it at the same moment
+                raise
 
+    @_rides_out
     def ensure_table(self, target: Target, schema, *, wap: bool = True) -> bool:
         """Create the table from metadata (schema, partition spec, sort order) if missing. True if created."""
         ident = target.identifier
@@ -133,7 +157,12 @@ class IcebergTables:
             ddl += " PARTITIONED BY (" + ", ".join(partition_expr(p) for p in target.partition_spec) + ")"
         props = {"format-version": "2", "write.wap.enabled": "true" if wap else "false", **target.table_properties}
         ddl += " TBLPROPERTIES (" + ", ".join(f"{sql_string(k)}={sql_string(v)}" for k, v in props.items()) + ")"
-        self.spark.sql(ddl)
+        try:
+            self.spark.sql(ddl)
+        except Exception:
+            if self.exists(ident):
+                return False  # another run created it at the same moment: theirs is the same table
+            raise
         if target.sort_order:
             self.spark.sql(
                 f"ALTER TABLE {self.qualified(ident)} WRITE ORDERED BY " + ", ".join(sort_expr(s) for s in target.sort_order)
@@ -141,6 +170,7 @@ class IcebergTables:
         log.info("created Iceberg table %s", ident)
         return True
 
+    @_rides_out
     def add_missing_columns(self, identifier: str, schema) -> list[str]:
         """Schema evolution: add input columns the table lacks (never drops or retypes)."""
         existing = {f.name.lower() for f in self.spark.table(self.qualified(identifier)).schema.fields}
@@ -154,6 +184,7 @@ class IcebergTables:
         return added
 
     # ------------------------------------------------------------------ snapshots and refs
+    @_rides_out
     def refs(self, identifier: str) -> dict[str, int]:
         if self.meta is not None:
             return {name: ref.snapshot_id for name, ref in self._meta_table(identifier).metadata.refs.items()}
@@ -163,6 +194,7 @@ class IcebergTables:
     def snapshot_id(self, identifier: str, branch: str = MAIN) -> int | None:
         return self.refs(identifier).get(branch)
 
+    @_rides_out
     def snapshot_summary(self, identifier: str, snapshot_id: int) -> dict[str, str]:
         if self.meta is not None:
             snap = self._meta_table(identifier).metadata.snapshot_by_id(int(snapshot_id))
@@ -174,6 +206,7 @@ class IcebergTables:
         ).collect()
         return dict(rows[0]["summary"]) if rows else {}
 
+    @_rides_out
     def ancestors(self, identifier: str, snapshot_id: int | None) -> list[int]:
         """Snapshot ids from `snapshot_id` back to the first, via parent links."""
         if snapshot_id is None:
@@ -186,6 +219,7 @@ class IcebergTables:
         ).collect()
         return _walk_parents({r["snapshot_id"]: r["parent_id"] for r in rows}, snapshot_id)
 
+    @_rides_out
     def data_files(self, identifier: str, head: int, since: int | None = None):
         """(PyIceberg schema, live data files) of snapshot `head`: those added after snapshot
         `since` when given (an append-only branch: `since` is where it forked), else all of them.
@@ -223,6 +257,7 @@ class IcebergTables:
                       if ours is None or e.snapshot_id in ours]
         return table.schema(), files
 
+    @_rides_out
     def create_branch(self, identifier: str, branch: str) -> None:
         """Branch from main's current snapshot; an empty table first gets an empty main snapshot."""
         if self.snapshot_id(identifier, MAIN) is None:
@@ -236,6 +271,7 @@ class IcebergTables:
             return
         self.spark.sql(f"ALTER TABLE {self.qualified(identifier)} CREATE BRANCH IF NOT EXISTS {quote(branch)}")
 
+    @_rides_out
     def java_table(self, identifier: str):
         """The org.apache.iceberg.Table Spark's catalog loads for `identifier` (metadata operations
         Spark SQL has no statement for)."""
@@ -243,11 +279,13 @@ class IcebergTables:
         return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(self.spark._jsparkSession,
                                                                          self.qualified(identifier))
 
+    @_rides_out
     def drop_branch(self, identifier: str, branch: str) -> None:
         if branch == MAIN:
             raise ValueError("refusing to drop the main branch")
         self.spark.sql(f"ALTER TABLE {self.qualified(identifier)} DROP BRANCH IF EXISTS {quote(branch)}")
 
+    @_rides_out
     def read(self, identifier: str, branch: str = MAIN, attempts: int = 4) -> DataFrame:
         """The table (or one branch of it) as a DataFrame.
 
@@ -350,52 +388,26 @@ class IcebergTables:
         return holder.get("result")
 
     # ------------------------------------------------------------------ publish
-    def publish(self, identifier: str, branch: str, *, attempts: int = 8) -> int | None:
-        """Make `branch` visible on main without losing concurrent commits to main.
+    def publish(self, identifier: str, branch: str) -> int | None:
+        """Make `branch` visible on main (and drop it) without losing concurrent commits to main:
+        one compare-and-swap commit, fast-forward or a metadata-only rebase of appends (see
+        lakehouse.publish, which also holds the exactly-once checks the stage runner uses)."""
+        from lakehouse.publish import publish_branch
 
-        fast_forward when main is an ancestor of the branch; otherwise cherry-pick the branch's
-        own snapshots onto main (Iceberg re-validates each against main's current state).
-        Publishes of one table are serialized within the process; a publish that loses a race
-        to another process re-reads the refs and retries, skipping snapshots already picked.
-        """
         with _publish_lock(self.catalog, identifier):
-            for attempt in range(1, attempts + 1):
-                try:
-                    return self._publish_once(identifier, branch)
-                except Exception as exc:  # noqa: BLE001 - only concurrent-commit failures are retried
-                    text = str(exc)
-                    if attempt == attempts or not any(m in text for m in _CONFLICT_MARKERS):
-                        raise
-                    log.info("publish of %s@%s lost a race (attempt %d): %s", identifier, branch, attempt,
-                             text.splitlines()[0][:200])
-                    self.spark.catalog.refreshTable(self.qualified(identifier))
-                    time.sleep(min(0.2 * attempt, 2.0))
-        return None  # pragma: no cover
+            res = publish_branch(self, identifier, branch, check=False)
+        if res.stale:
+            raise ValueError(f"{identifier}: main moved since branch {branch!r} was created and the branch "
+                             "rewrote data (merge/overwrite): write it again on a branch of the current main")
+        return res.snapshot_id
 
-    def _publish_once(self, identifier: str, branch: str) -> int | None:
-        refs = self.refs(identifier)
-        head, main = refs.get(branch), refs.get(MAIN)
-        if head is None:
-            raise ValueError(f"{identifier} has no branch {branch!r}")
-        if head == main:
-            return main
-        lineage = self.ancestors(identifier, head)
-        cat = quote(self.catalog)
-        if main is None or main in lineage:
-            self.spark.sql(
-                f"CALL {cat}.system.fast_forward(table => {sql_string(identifier)}, "
-                f"branch => {sql_string(MAIN)}, to => {sql_string(branch)})"
-            )
-            return self.snapshot_id(identifier, MAIN)
-        main_lineage = self.ancestors(identifier, main)
-        picked = {self.snapshot_summary(identifier, s).get("source-snapshot-id") for s in main_lineage}
-        own = [s for s in reversed(lineage) if s not in set(main_lineage) and str(s) not in picked]
-        log.info("main of %s moved since %s forked; cherry-picking %d snapshot(s)", identifier, branch, len(own))
-        for snap in own:
-            self.spark.sql(
-                f"CALL {cat}.system.cherrypick_snapshot(table => {sql_string(identifier)}, snapshot_id => {int(snap)})"
-            )
-        return self.snapshot_id(identifier, MAIN)
+    @property
+    def catalog_label(self) -> str:
+        """host:port/db of the catalog database (never credentials), for outage messages."""
+        from lakehouse.outage import describe_url
+
+        engine = getattr(self.meta, "engine", None)
+        return describe_url(engine.url.render_as_string(hide_password=True)) if engine is not None else self.catalog
 
 
 def _walk_parents(parent: dict[int, int | None], start: int) -> list[int]:

@@ -118,6 +118,7 @@ class ExtractPlan:
     details: dict[str, Any] = field(default_factory=dict)
     skipped_reason: str | None = None
     source_id: str | None = None
+    main_at_plan: int | None = None  # the target's main when planned: the publish checks what came after
 
 
 @dataclass
@@ -212,6 +213,18 @@ class StageRunner:
     # ------------------------------------------------------------------ extract
     def extract(self) -> ExtractPlan:
         self.require_enabled("before extract")
+        from lakehouse import coordination
+
+        coordination.hold_lease(self.platform, self.run_id, self.target.identifier)  # claims live with it
+        try:
+            plan = self._extract()
+        except BaseException:
+            coordination.release_lease(self.platform, self.run_id, self.target.identifier)
+            raise
+        coordination.end_step(self.platform, self.run_id, self.target.identifier)
+        return plan
+
+    def _extract(self) -> ExtractPlan:
         from lakehouse.control.deadline import guard_step
         from lakehouse.control.healing import run_with_healing
         from lakehouse.lineage.recovery import extract_with_recovery
@@ -233,6 +246,9 @@ class StageRunner:
         src = self.source
         plan = ExtractPlan(self.stage.pipeline_id, self.stage.stage_name,
                            kind=src.kind if src else "sql", source_id=src.source_id if src else None)
+        if src is not None and not self.stage.transformation and src.kind in ("files", "s3", "jdbc"):
+            tables = self.platform.tables()  # read before anything is planned: later commits get checked
+            plan.main_at_plan = tables.snapshot_id(self.target.identifier) if tables.exists(self.target.identifier) else None
         if src is None or self.stage.transformation:
             plan.kind = "sql"
             plan.upstream_snapshots = self._pin_upstream()
@@ -278,10 +294,35 @@ class StageRunner:
         found = file_ingest.list_local_files(src, self.platform.settings.landing_dir)
         done = self.processed_files()
         new = [f for f in found if (f.key, f.etag) not in done]
-        plan.files = file_ingest.select_for_run(new, src)
+        mine, taken = self.claim_new_files(new)
+        plan.files = self.keep_claims(file_ingest.select_for_run(mine, src), mine)
         plan.details = {"files_found": len(found), "files_new": len(new), "files_planned": len(plan.files)}
+        if taken:
+            plan.details["files_claimed_by_other_runs"] = taken
         if not plan.files:
-            plan.skipped_reason = f"no new files in {file_ingest.landing_root(src, self.platform.settings.landing_dir)}"
+            plan.skipped_reason = (f"no new files in {file_ingest.landing_root(src, self.platform.settings.landing_dir)}"
+                                   + (f" that no other run is loading ({taken})" if taken else ""))
+
+    def claim_new_files(self, new: list) -> tuple[list, str]:
+        """(the new files this run claimed, what live runs are loading instead) — lakehouse.coordination."""
+        from lakehouse import coordination
+
+        if not new or not coordination.claims_enabled(self.catalog):
+            return new, ""
+        mine, res = coordination.claim_files(self.platform, self.target.identifier, self.run_id, new)
+        if res.taken:
+            self.audit("files_claimed_elsewhere", outcome="skipped", message=res.message(),
+                       details={"by_run": {k: len(v) for k, v in res.taken.items()}})
+        return mine, res.message()
+
+    def keep_claims(self, picked: list, mine: list) -> list:
+        """Give back the claims on files this run will not load after all (per-run caps)."""
+        from lakehouse import coordination
+
+        rest = [(f.key, f.etag) for f in mine if f not in set(picked)]
+        if rest:
+            coordination.release_claims(self.platform, self.target.identifier, self.run_id, rest)
+        return picked
 
     # ------------------------------------------------------------------ load
     def input_batches(self, plan: ExtractPlan) -> Iterator[Batch]:
@@ -348,11 +389,15 @@ class StageRunner:
         load restarts from a fresh audit branch in the same step; the trail lands in audit_log and
         in the materialization metadata.
         """
+        from lakehouse import coordination
         from lakehouse.control.deadline import guard_step
         from lakehouse.control.healing import run_with_healing
 
-        # the Spark work of each attempt is cancelled past the step's timeout (never a hung run)
-        outcome = run_with_healing(self, "load", lambda: guard_step(self, "load", lambda: self._load(plan)))
+        try:
+            # the Spark work of each attempt is cancelled past the step's timeout (never a hung run)
+            outcome = run_with_healing(self, "load", lambda: guard_step(self, "load", lambda: self._load(plan)))
+        finally:  # claims and the lease end with the step, whatever happened
+            coordination.release_lease(self.platform, self.run_id, self.target.identifier)
         outcome.extra.update({k: v for k, v in plan.details.items() if k.startswith("extract_heal")})
         if self.healing.events or self.healing.total_attempts:
             outcome.extra.update(self.healing.summary())
@@ -364,6 +409,7 @@ class StageRunner:
         branch = branch_name_for_run(self.run_id)
         outcome = StageOutcome(self.stage.pipeline_id, self.stage.stage_name, self.target, False, branch)
         self.require_enabled("before load")
+        outcome.extra.update(self.tidy_branches(tables))
         if tables.exists(self.target.identifier) and branch in tables.refs(self.target.identifier):
             # a retry of this step (healing or a Dagster retry): start over, never append twice
             tables.drop_branch(self.target.identifier, branch)
@@ -376,16 +422,72 @@ class StageRunner:
             outcome.duration_s = time.monotonic() - t0
             return outcome
         self.audit("stage_started", details={"plan": plan.details, "kind": plan.kind})
-        self.write_audit_publish(self.input_batches(plan), outcome=outcome, started=t0)
-        if not outcome.skipped_reason:
+        plan = self._write_exactly_once(plan, outcome, t0)
+        if plan is not None:
             self._after_publish(plan, outcome)
         return outcome
 
+    def tidy_branches(self, tables: IcebergTables) -> dict:
+        """Branches of dead runs and expired failed audits go before this run writes (lakehouse.branches)."""
+        from lakehouse import coordination
+        from lakehouse.branches import tidy_before_write
+        from lakehouse.validation.quarantine import quarantine_identifier
+
+        coordination.hold_lease(self.platform, self.run_id, self.target.identifier)
+        return tidy_before_write(self.platform, tables, self.catalog, self.target.identifier, self.run_id,
+                                 (quarantine_identifier(self.target.identifier),), self.target)
+
+    def _write_exactly_once(self, plan: ExtractPlan, outcome: StageOutcome, t0: float,
+                            max_rewrites: int = 8) -> ExtractPlan | None:
+        """write-audit-publish; when the publish finds part of the input already on main (another
+        run), write the remainder again on a fresh branch, or publish nothing. The plan published."""
+        from lakehouse.publish import Superseded, remainder_plan
+
+        for _ in range(max_rewrites):
+            try:
+                self.write_audit_publish(self.input_batches(plan), outcome=outcome, started=t0,
+                                         since=plan.main_at_plan)
+                return None if outcome.skipped_reason else plan
+            except Superseded as sup:
+                self._drop_own_branches()
+                overlap = sup.result.overlap
+                if overlap is not None:
+                    self.audit("already_loaded", outcome="skipped", message=overlap.message(), details=overlap.details())
+                    self.log.warning("%s: %s; publishing only the rest", self.target.identifier, overlap.message())
+                    outcome.extra["already_loaded"] = "; ".join(
+                        x for x in (outcome.extra.get("already_loaded"), overlap.message()) if x)
+                    outcome.extra["files_already_loaded"] = (outcome.extra.get("files_already_loaded", 0)
+                                                             + overlap.file_count)
+                plan = remainder_plan(plan, sup.result)
+                outcome.writes, outcome.rows_written, outcome.quarantined_rows = [], 0, 0
+                if plan is None:
+                    outcome.skipped_reason = outcome.extra["already_loaded"]
+                    outcome.published = True
+                    tables = self.platform.tables()
+                    outcome.snapshot_id = tables.snapshot_id(self.target.identifier)
+                    outcome.duration_s = time.monotonic() - t0
+                    return None
+        raise RuntimeError(f"{self.target.identifier}: gave up after {max_rewrites} rewrites; other runs kept "
+                           "publishing the same input (nothing of this run was published)")
+
+    def _drop_own_branches(self) -> None:
+        from lakehouse.branches import drop_branch_and_commits
+        from lakehouse.validation.quarantine import quarantine_identifier
+
+        tables = self.platform.tables()
+        branch = branch_name_for_run(self.run_id)
+        for ident in (self.target.identifier, quarantine_identifier(self.target.identifier)):
+            if tables.exists(ident) and branch in tables.refs(ident):
+                drop_branch_and_commits(tables, ident, branch)
+
     def write_audit_publish(self, batches, *, outcome: StageOutcome | None = None, started: float | None = None,
-                            quarantine: bool = True) -> StageOutcome:
+                            quarantine: bool = True, since: int | None | str = "now") -> StageOutcome:
         """Batches → audit branch → rules on the branch → kill switch → publish (see lakehouse.validation.wap).
 
         A failed blocking rule raises AuditFailed: main untouched, branch kept for inspection.
+        `since`: the main snapshot the input was planned on (None: the table did not exist), so
+        the publish can tell what other runs committed meanwhile; "now" when there was no plan.
+        Raises lakehouse.publish.Superseded when some of the input is already on main.
         """
         from lakehouse.validation.wap import AuditedWrite
 
@@ -394,7 +496,10 @@ class StageRunner:
         branch = branch_name_for_run(self.run_id)
         if outcome is None:
             outcome = StageOutcome(self.stage.pipeline_id, self.stage.stage_name, self.target, False, branch)
-        session = AuditedWrite(self, tables, branch, quarantine=quarantine)
+        from lakehouse import coordination
+
+        coordination.hold_lease(self.platform, self.run_id, self.target.identifier)
+        session = AuditedWrite(self, tables, branch, quarantine=quarantine, since=since)
         from lakehouse.throughput.ratelimit import StageThrottle
 
         # records_per_minute / bytes_per_hour of the source and the target, shared by all processes
@@ -428,6 +533,9 @@ class StageRunner:
         if failures:
             names = ", ".join(c.rule.name for c in failures)
             self.audit("audit_failed", outcome="not_published", message=names, details={"branch": branch})
+            from lakehouse.branches import keep_failed_audit
+
+            keep_failed_audit(self.platform, session.branch_tables(), branch, self.run_id, f"failed rule(s) {names}")
             outcome.duration_s = time.monotonic() - t0
             from lakehouse.lineage.datahub import emit_stage_run
 
@@ -449,7 +557,12 @@ class StageRunner:
             return session.publish()
 
         # a commit conflict here is healed by refreshing and publishing again (not rewriting)
-        outcome.snapshot_id = run_with_healing(self, "publish", publish)
+        result = run_with_healing(self, "publish", publish)
+        if not result.published:
+            from lakehouse.publish import Superseded
+
+            raise Superseded(result)  # the caller writes what is left on a fresh branch
+        outcome.snapshot_id = result.snapshot_id
         outcome.published = True
         outcome.duration_s = time.monotonic() - t0
         self.audit("published", outcome="success", duration_ms=int(outcome.duration_s * 1000),

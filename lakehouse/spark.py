@@ -111,6 +111,7 @@ def get_spark(settings: Settings, app_name: str = "lakehouse"):
         spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel(os.environ.get("LAKEHOUSE_SPARK_LOG_LEVEL", "WARN"))
         _SESSION = spark
+        _renew_sqlite_catalog_pool(spark, settings)
         return spark
 
 
@@ -120,6 +121,45 @@ def _ensure_catalog(spark, settings: Settings) -> None:
     for k, v in catalog_conf(settings).items():
         if spark.conf.get(k, None) != v:
             spark.conf.set(k, v)
+    _renew_sqlite_catalog_pool(spark, settings)
+
+
+_RENEWED: set[tuple[str, str]] = set()
+
+
+def _renew_sqlite_catalog_pool(spark, settings: Settings) -> None:
+    """Give Iceberg's JDBC catalog on SQLite fresh connections once it has initialized.
+
+    Initializing a JdbcCatalog on existing catalog tables leaves a read transaction open on one
+    pooled sqlite-jdbc connection (the schema probe's metadata query is never reset). In WAL mode
+    that connection then fails every later write with SQLITE_BUSY_SNAPSHOT as soon as any other
+    connection or process has written the catalog: concurrent runs, or PyIceberg's publish
+    commits. Replacing the pool right after initialization (same URL, same properties) leaves no
+    such connection behind. PostgreSQL catalogs are not affected and are left alone.
+    """
+    key = (settings.catalog_name, settings.catalog_jdbc_url)
+    if not settings.catalog_jdbc_url.startswith("jdbc:sqlite:") or key in _RENEWED:
+        return
+    from lakehouse.iceberg import quote
+
+    spark.sql(f"SHOW NAMESPACES IN {quote(settings.catalog_name)}").collect()  # initializes the catalog
+    try:
+        jcat = spark._jsparkSession.sessionState().catalogManager().catalog(settings.catalog_name).icebergCatalog()
+        cls = jcat.getClass()
+        pool_field = cls.getDeclaredField("connections")
+        props_field = cls.getDeclaredField("catalogProperties")
+        pool_field.setAccessible(True)
+        props_field.setAccessible(True)
+        old = pool_field.get(jcat)
+        fresh = spark.sparkContext._jvm.org.apache.iceberg.jdbc.JdbcClientPool(settings.catalog_jdbc_url,
+                                                                              props_field.get(jcat))
+        pool_field.set(jcat, fresh)
+        old.close()
+    except Exception:  # noqa: BLE001 - another Iceberg version: writes then retry on busy errors instead
+        import logging
+
+        logging.getLogger(__name__).warning("could not renew the SQLite catalog's connection pool", exc_info=True)
+    _RENEWED.add(key)
 
 
 def _prepare_local_dirs(settings: Settings) -> None:

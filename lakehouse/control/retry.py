@@ -87,6 +87,8 @@ def retry_exception(platform, pipeline_id: str, stage_name: str, run_id: str, re
     from lakehouse.errors import classify
 
     info = classify(exc)
+    if not info.retryable:  # a decision (or a database down past its window): no policy to read
+        return None
     try:
         d = decide(platform.store.load(), pipeline_id, stage_name, retry_number, info.retryable)
     except KeyError as lookup:  # a policy id that no longer exists: fail loudly, do not retry blindly

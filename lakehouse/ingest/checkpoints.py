@@ -103,7 +103,9 @@ def _engine(platform: Platform) -> sa.Engine:
     eng = platform.store.engine
     key = str(eng.url)
     if key not in _CREATED:
-        meta.create_all(eng)
+        from lakehouse.metadata.store import create_tables
+
+        create_tables(meta, eng)
         _CREATED.add(key)
     return eng
 
@@ -117,7 +119,13 @@ def crash_point(name: str) -> None:
 
     With `LAKEHOUSE_CRASH_MARKER=<file>` the process writes the file and waits to be killed
     from outside (the test's kill -9); without it, it SIGKILLs itself. Off unless the env asks.
+
+    `LAKEHOUSE_PAUSE_AT=<name>` with `LAKEHOUSE_PAUSE_DIR=<dir>` instead writes `<dir>/<name>.<pid>`
+    and waits until `<dir>/release` exists (tests line concurrent runs up at one point, or stop a
+    database while a run is there); `LAKEHOUSE_PAUSE_SECONDS` bounds the wait (default 600).
     """
+    if os.environ.get("LAKEHOUSE_PAUSE_AT") == name and os.environ.get("LAKEHOUSE_PAUSE_DIR"):
+        pause_here(name, os.environ["LAKEHOUSE_PAUSE_DIR"], float(os.environ.get("LAKEHOUSE_PAUSE_SECONDS", "600")))
     if os.environ.get("LAKEHOUSE_CRASH_AT") != name:
         return
     marker = os.environ.get("LAKEHOUSE_CRASH_MARKER")
@@ -126,6 +134,16 @@ def crash_point(name: str) -> None:
             fh.write(f"{os.getpid()} {name}\n")
         time.sleep(600)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def pause_here(name: str, folder: str, max_wait_s: float) -> None:
+    from pathlib import Path
+
+    d = Path(folder)
+    (d / f"{name}.{os.getpid()}").write_text(f"{os.getpid()} {name}\n")
+    deadline = time.monotonic() + max_wait_s
+    while not (d / "release").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 @dataclass

@@ -283,6 +283,23 @@ def decode_watermark(text: str | None) -> Any:
     return Decimal(value) if "." in value else int(value)
 
 
+def watermark_order(encoded: str) -> float:
+    """An encoded watermark on a number line (for the publish-time overlap check)."""
+    return to_number(decode_watermark(encoded))
+
+
+def remainder(plan: ExtractPlan, overlap) -> ExtractPlan | None:
+    """What is left of a planned window once another run published rows up to `overlap.watermark`:
+    the staged rows above it (re-merging the rest by primary key would change nothing)."""
+    import dataclasses
+
+    high = plan.details.get("watermark_high")
+    if overlap.watermark is None or high is None or watermark_order(overlap.watermark) >= watermark_order(high):
+        return None
+    details = {**plan.details, "watermark_last": overlap.watermark, "remainder_after": overlap.watermark}
+    return dataclasses.replace(plan, details=details)
+
+
 def last_watermark(runner: StageRunner) -> Any:
     """The watermark committed with main's newest snapshot that carries one (None: first load)."""
     from lakehouse.iceberg import MAIN, sql_string
@@ -560,6 +577,11 @@ def plan(runner: StageRunner, src: Source, plan: ExtractPlan) -> None:
             plan.skipped_reason = (f"no new rows in source {src.source_id!r}: max({src.watermark_column}) = "
                                    f"{high} <= committed watermark {last}")
             return
+    taken = claim_window(runner, src, details)
+    if taken:
+        plan.details = details
+        plan.skipped_reason = taken
+        return
     if src.partitioned:
         details["ranges"] = plan_ranges(conn, spark, src, last, high)
     plan.details = details
@@ -584,6 +606,22 @@ def plan(runner: StageRunner, src: Source, plan: ExtractPlan) -> None:
                     src.load_type, (details.get("ranges") or {}).get("mode", "single"))
 
 
+def claim_window(runner: StageRunner, src: Source, details: dict[str, Any]) -> str | None:
+    """Claim "the rows after the committed watermark" for this run (lakehouse.coordination);
+    the reason to skip when a live run is already reading them, else None."""
+    from lakehouse import coordination
+
+    if not coordination.claims_enabled(runner.catalog):
+        return None
+    res = coordination.claim(runner.platform, runner.target.identifier, runner.run_id,
+                             [(f"jdbc:{src.source_id}", details.get("watermark_last") or "first-load")])
+    if res.mine:
+        return None
+    runner.audit("window_claimed_elsewhere", outcome="skipped", message=res.message())
+    return (f"source {src.source_id!r}: the rows after watermark {decode_watermark(details.get('watermark_last'))} "
+            f"are being loaded by run {', '.join(res.taken)}")
+
+
 def batches(runner: StageRunner, plan: ExtractPlan):
     """One commit: the staged window, with the watermark it reaches as a snapshot property."""
     from lakehouse.runner import Batch
@@ -596,6 +634,12 @@ def batches(runner: StageRunner, plan: ExtractPlan):
             df = df.toDF(*plan.details["columns"])
     else:
         df = read_source(spark, JdbcConnection.for_source(src), src, plan.details)
+    if plan.details.get("remainder_after"):  # another run published the rows up to this watermark
+        from pyspark.sql import functions as F
+
+        from lakehouse.iceberg import quote
+
+        df = df.where(F.col(quote(src.watermark_column)) > F.lit(decode_watermark(plan.details["remainder_after"])))
     if os.environ.get(FAULT_ENV) in (src.source_id, "*"):
         df.count()  # the read has happened...
         raise InjectedFault(f"injected fault after reading source {src.source_id!r} (unset {FAULT_ENV})")

@@ -215,14 +215,17 @@ def plan(runner: StageRunner, src: Source, plan: ExtractPlan) -> None:
         listed_files, last, listed = list_files(client, src, None if full else after)
     done = cp.handled(listed_files)
     new = [f for f in listed_files if (f.key, f.etag) not in done]
-    picked = select_for_run(new, src)
+    mine, taken = runner.claim_new_files(new)  # files other live runs are loading stay theirs
+    picked = runner.keep_claims(select_for_run(mine, src), mine)
     plan.details = {"listing": listing, "keys_listed": listed, "files_found": len(listed_files),
                     "files_new": len(new), "files_planned": len(picked), "start_after": after
                     if listing == "incremental" else None}
+    if taken:
+        plan.details["files_claimed_by_other_runs"] = taken
     if listing != "arrival_batch":
         # every listed key up to the cursor below is handled once this run publishes
         complete = len(picked) == len(new)
-        hwm = _max_key(after, last) if complete else _max_key(after, picked[-1].key if picked else None)
+        hwm = _max_key(after, last) if complete else _max_key(after, _handled_prefix_end(new, picked))
         plan.details["cursor_after_publish"] = {
             "after": hwm, "reconciled_at": now if (listing == "full" and complete) else reconciled_at}
         if not picked:
@@ -230,7 +233,8 @@ def plan(runner: StageRunner, src: Source, plan: ExtractPlan) -> None:
     if batch_key:
         plan.details["arrival_batch"] = batch_key
     if not picked:
-        plan.skipped_reason = f"no new files in s3://{src.bucket}/{src.prefix}"
+        plan.skipped_reason = (f"no new files in s3://{src.bucket}/{src.prefix}"
+                               + (f" that no other run is loading ({taken})" if taken else ""))
         return
     # a key with a '..' segment (or outside the prefix) is never read: it is recorded as refused
     refused = [f.with_status(QUARANTINED, why) for f in picked if (why := key_problem(f.key, src.prefix))]
@@ -252,6 +256,18 @@ def plan(runner: StageRunner, src: Source, plan: ExtractPlan) -> None:
                      details={"key": f.key, "etag": f.etag})
     if not plan.files:
         plan.skipped_reason = "every planned object changed or vanished during download"
+
+
+def _handled_prefix_end(new: list[FileRef], picked: list[FileRef]) -> str | None:
+    """The last key before the first new key this run does not load (claimed by another run,
+    or over the per-run cap): the cursor may move up to it, never past an unloaded key."""
+    chosen = {f.key for f in picked}
+    end = None
+    for key in sorted({f.key for f in new}):
+        if key not in chosen:
+            break
+        end = key
+    return end
 
 
 def sweep_staging(root: Path, max_age_s: float = 86400.0) -> None:

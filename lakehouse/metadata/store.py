@@ -125,6 +125,22 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def create_tables(meta: sa.MetaData, engine: sa.Engine, attempts: int = 5) -> None:
+    """`meta.create_all` that tolerates another process (or thread) creating the same tables at the
+    same moment: SQLAlchemy checks, then creates, and the loser of that race sees "already exists"."""
+    import time
+
+    for attempt in range(1, attempts + 1):
+        try:
+            meta.create_all(engine)
+            return
+        except sa.exc.DBAPIError as exc:
+            text = str(exc).lower()
+            if attempt == attempts or not ("already exists" in text or "duplicate" in text):
+                raise
+            time.sleep(0.1 * attempt)
+
+
 class MetadataStore:
     """Reads and writes the control database. Cheap to construct; engines are cached per URL."""
 
@@ -137,7 +153,10 @@ class MetadataStore:
                 prepare_sqlite(url)
                 engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S})
             else:
+                from lakehouse.outage import install_connect_hook
+
                 engine = sa.create_engine(url, pool_pre_ping=True)
+                install_connect_hook(engine, role="control DB")  # a short outage is waited out
             self._engines[url] = engine
         self.engine = self._engines[url]
 
@@ -153,12 +172,30 @@ class MetadataStore:
         key = str(self.engine.url)
         if key in self._ready:
             return
-        metadata_obj.create_all(self.engine)
+        create_tables(metadata_obj, self.engine)
         add_missing_columns(self.engine, metadata_obj)
         self._ready.add(key)
 
+    def _ride_out(self, what: str, work):
+        """Retry `work` through a short control DB outage (lakehouse.outage); SQLite needs none."""
+        if self.engine.dialect.name == "sqlite":
+            return work()
+        from lakehouse.outage import describe_url, ride_out
+
+        return ride_out(work, database=describe_url(self.engine.url.render_as_string(hide_password=True)),
+                        what=what, role="control DB")
+
     # ------------------------------------------------------------------ read
     def load(self) -> MetadataCatalog:
+        """Every metadata row, validated. Also tells lakehouse.outage the window to ride out
+        outages with, so that the last operational metadata read governs the next outage."""
+        from lakehouse.outage import SETTING_KEY, set_window
+
+        catalog = self._ride_out("reading metadata", self._load)
+        set_window(catalog.setting(SETTING_KEY))
+        return catalog
+
+    def _load(self) -> MetadataCatalog:
         self.create_all()
         data: dict[str, list] = {}
         with self.engine.connect() as conn:
@@ -251,6 +288,9 @@ class MetadataStore:
 
         Reads the control tables on every call: a flag flipped by CLI or plain SQL applies at once.
         """
+        return self._ride_out("reading control flags", lambda: self._enabled(pipeline_id, stage_name))
+
+    def _enabled(self, pipeline_id: str, stage_name: str | None = None) -> tuple[bool, str]:
         self.create_all()
         pipes, _ = TABLES["pipelines"]
         stages, _ = TABLES["stages"]
@@ -279,6 +319,9 @@ class MetadataStore:
     # ------------------------------------------------------------------ audit log
     def audit(self, entry: AuditLogEntry | None = None, **fields: Any) -> None:
         e = entry or AuditLogEntry(**fields)
+        self._ride_out(f"writing the audit log ({e.event})", lambda: self._audit(e))
+
+    def _audit(self, e: AuditLogEntry) -> None:
         self.create_all()
         with self.engine.begin() as conn:
             conn.execute(

@@ -73,7 +73,9 @@ class TokenBuckets:
         self.engine = store.engine
         self.clock = clock
         self.sleep = sleep
-        _meta.create_all(self.engine)
+        from lakehouse.metadata.store import create_tables
+
+        create_tables(_meta, self.engine)
 
     def _least(self, a, b):
         return sa.func.least(a, b) if self.engine.dialect.name == "postgresql" else sa.func.min(a, b)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lakehouse.iceberg import IcebergTables, quote, retry_metadata_commit
+from lakehouse.ingest.files import CHECKPOINT_PROPERTY
 from lakehouse.metadata.model import Target
 from lakehouse.validation.rules import FAILED_RULES_COLUMN, acting_rules, tag_failures
 
@@ -51,8 +52,9 @@ class QuarantineWriter:
         self.target = quarantine_target(runner.target)
         self.ident = self.target.identifier
         self.created = False
+        self.fork: int | None = None
 
-    def write(self, bad: DataFrame) -> int:
+    def write(self, bad: DataFrame, batch_properties: dict[str, str] | None = None) -> int:
         from pyspark.sql import functions as F
 
         from lakehouse.validation.wap import align_to_table
@@ -69,16 +71,26 @@ class QuarantineWriter:
 
             retry_metadata_commit(self.tables, self.ident, start_branch)
             self.created = True
+            self.fork = self.tables.snapshot_id(self.ident)
         retry_metadata_commit(self.tables, self.ident, lambda: self.tables.add_missing_columns(self.ident, rows.schema))
         rows = align_to_table(rows, self.tables.read(self.ident).schema)
+        props = {k: v for k, v in (batch_properties or {}).items() if k == CHECKPOINT_PROPERTY}
         res = self.tables.write(rows, self.target, branch=self.branch,
-                                snapshot_properties={"lakehouse.run_id": self.runner.run_id})
+                                snapshot_properties={**props, "lakehouse.run_id": self.runner.run_id})
         return res.rows_written
 
     def publish(self) -> None:
-        if self.created:
-            self.tables.publish(self.ident, self.branch)
-            retry_metadata_commit(self.tables, self.ident, lambda: self.tables.drop_branch(self.ident, self.branch))
+        """Publish after the data (same run, under the target's publish lock): never rows of a
+        file whose quarantine rows another run already published."""
+        if not self.created:
+            return
+        from lakehouse.publish import publish_branch
+
+        res = publish_branch(self.tables, self.ident, self.branch, since=self.fork, run_id=self.runner.run_id)
+        if not res.published:
+            raise RuntimeError(f"{self.ident}: quarantine branch {self.branch} not published "
+                               f"({res.overlap.message() if res.overlap else 'main moved'}); it is kept for "
+                               f"inspection (`lakehouse branches list {self.ident}`)")
 
 
 # --------------------------------------------------------------------------- inspection and replay
@@ -183,6 +195,9 @@ def replay(platform: Platform, dataset: str, run_id: str | None = None, logger: 
                      details={"replayed": result.replayed, "still_failing": result.still_failing})
     finally:
         retagged.unpersist()
+        from lakehouse import coordination
+
+        coordination.release_lease(platform, run_id, target.identifier)  # taken by write_audit_publish
     return result
 
 

@@ -56,7 +56,8 @@ def _rule_may_be_at_fault(exc: BaseException) -> bool:
 class AuditedWrite:
     """One run's writes to one target, on its audit branch, until publish."""
 
-    def __init__(self, runner: StageRunner, tables: IcebergTables, branch: str, *, quarantine: bool = True):
+    def __init__(self, runner: StageRunner, tables: IcebergTables, branch: str, *, quarantine: bool = True,
+                 since: int | None | str = "now"):
         self.runner = runner
         self.tables = tables
         self.branch = branch
@@ -67,6 +68,9 @@ class AuditedWrite:
         self.quarantine_enabled = quarantine
         self.created = False
         self.fork_snapshot: int | None = None
+        # main when the run planned (None: no table yet); the publish checks what main committed after it
+        self.since = since if since != "now" else (tables.snapshot_id(self.ident)
+                                                   if tables.exists(self.ident) else None)
         self.appends_only = True
         self.previous_rows = self._total_records(MAIN)
         self.actions = ActionCounts() if acting_rules(self.rules) else None
@@ -138,7 +142,8 @@ class AuditedWrite:
             if tagged is not None and self.actions is not None:
                 self.actions.add(tagged, self.rules)
             if split.quarantine is not None and self.quarantine_enabled:
-                self.quarantined_rows += self._quarantine_writer().write(split.quarantine)
+                # the batch's file checkpoints ride along: quarantine rows are published exactly once too
+                self.quarantined_rows += self._quarantine_writer().write(split.quarantine, batch.snapshot_properties)
             keep = split.keep
             if not self.created:
                 def start_branch():
@@ -178,9 +183,11 @@ class AuditedWrite:
 
     def _write_branch(self, keep: DataFrame, batch: Batch, aggregates: list, attempts: int = 4):
         """Append to the branch; row-rule counts the file statistics cannot give ride on the
-        write (`DataFrame.observe`). A commit that failed on a busy catalog is retried only if
-        the branch head did not move (so a commit that did land is never written twice)."""
+        write (`DataFrame.observe`). A commit that failed on a busy catalog, or because the
+        catalog database was briefly down (lakehouse.outage), is retried only if the branch head
+        did not move (so a commit that did land is never written twice)."""
         from lakehouse.iceberg import _CONFLICT_MARKERS
+        from lakehouse.outage import is_connection_failure
 
         for attempt in range(1, attempts + 1):
             observation = None
@@ -206,8 +213,9 @@ class AuditedWrite:
                     self._observation_ok = False
                     aggregates = []
                     continue
-                if attempt == attempts or not any(m in text for m in _CONFLICT_MARKERS) \
-                        or self.tables.snapshot_id(self.ident, self.branch) != head:
+                outage = is_connection_failure(exc)
+                if attempt == attempts or not (outage or any(m in text for m in _CONFLICT_MARKERS)) \
+                        or self.tables.snapshot_id(self.ident, self.branch) != head:  # waits out an outage
                     raise
                 log.warning("write to %s@%s hit a busy catalog (attempt %d), retrying: %s", self.ident,
                             self.branch, attempt, text.splitlines()[0][:200])
@@ -274,11 +282,26 @@ class AuditedWrite:
         return evaluate_rules(self.new_rows(), self.rules, context=self.context())
 
     # ------------------------------------------------------------------ publish
-    def publish(self) -> int | None:
-        """Publish the data branch, then the quarantine branch; drop both. A crash in between
-        leaves the quarantine branch listed by `lakehouse branches list`, never lost."""
-        snap = self.tables.publish(self.ident, self.branch)
-        retry_metadata_commit(self.tables, self.ident, lambda: self.tables.drop_branch(self.ident, self.branch))
-        if self._quarantine is not None:
-            self._quarantine.publish()
-        return snap
+    def branch_tables(self) -> list[str]:
+        """The tables this run has an audit branch on."""
+        return [self.ident] + ([self._quarantine.ident] if self._quarantine is not None and self._quarantine.created
+                               else [])
+
+    def publish(self):
+        """Publish the data branch exactly once (lakehouse.publish), then the quarantine branch,
+        both under the target's publish lock; each commit drops its branch. Returns the data's
+        PublishResult: not published when the input (or part of it) is already on main. A
+        crash between the two commits is completed by the next run (lakehouse.branches)."""
+        from lakehouse import coordination
+        from lakehouse.ingest.checkpoints import crash_point
+        from lakehouse.ingest.jdbc import watermark_order
+        from lakehouse.publish import publish_branch
+
+        crash_point("before_publish")
+        with coordination.publish_lock(self.runner.platform, self.ident):
+            res = publish_branch(self.tables, self.ident, self.branch, since=self.since, run_id=self.runner.run_id,
+                                 watermark_order=watermark_order, can_rebase=self.target.write_mode == "append")
+            if res.published and self._quarantine is not None:
+                crash_point("between_publishes")
+                self._quarantine.publish()
+        return res

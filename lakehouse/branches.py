@@ -1,0 +1,383 @@
+"""Audit branch and file hygiene: nothing a dead run or a failed audit left behind stays forever.
+
+Every run writes on `audit_<run>` branches of its target (and of the target's quarantine table).
+A successful publish removes them in the publishing commit. What can stay:
+
+* the branch of a **failed audit**: kept on purpose for inspection (`lakehouse branches show`),
+  recorded in the control DB table `kept_branches`, and dropped once older than the retention
+  (platform setting `branches.retention_days`, per target the table property
+  `lakehouse.branch_retention_days`; default 7 days);
+* the branch of a **dead run** (killed, crashed, its host gone: see `lakehouse.coordination`
+  for how liveness is decided): dropped by the next run of the same stage. A dead run's
+  quarantine branch whose data did reach `main` (killed between the two publishes) is published
+  instead of dropped, so no quarantined row is lost;
+* **files no commit references**: the commits of a dropped branch are expired at once (Iceberg's
+  expire-snapshots action deletes exactly the files only they referenced), and files written by a
+  commit that never happened (a kill in the middle of a write) are removed by Iceberg's
+  orphan-file removal, only older than a safe minimum age (platform setting
+  `orphan_files.min_age_hours`, default 24, as Iceberg's own procedure insists) and only while no
+  other live run holds a lease on the table. A run that finds a dead run schedules that sweep for
+  when the dead run's files are old enough; the next run of the stage after that moment does it.
+
+`lakehouse branches prune` does all of this on demand (with `--orphans` also the file sweep).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+
+from lakehouse import coordination
+from lakehouse.iceberg import MAIN
+
+if TYPE_CHECKING:
+    from lakehouse.iceberg import IcebergTables
+    from lakehouse.metadata.model import MetadataCatalog, Target
+    from lakehouse.runner import Platform
+
+log = logging.getLogger(__name__)
+
+PREFIX = "audit_"
+RETENTION_SETTING = "branches.retention_days"
+RETENTION_PROPERTY = "lakehouse.branch_retention_days"
+DEFAULT_RETENTION_DAYS = 7.0
+ORPHAN_AGE_SETTING = "orphan_files.min_age_hours"
+DEFAULT_ORPHAN_AGE_HOURS = 24.0
+DAY_S = 86400.0
+
+meta = sa.MetaData()
+kept_branches = sa.Table(
+    "kept_branches",
+    meta,
+    sa.Column("table_ident", sa.String(255), primary_key=True),
+    sa.Column("branch", sa.String(64), primary_key=True),
+    sa.Column("run_id", sa.String(128)),
+    sa.Column("kept_at", sa.Float, nullable=False),
+    sa.Column("reason", sa.Text),
+)
+orphan_sweeps = sa.Table(
+    "orphan_sweeps",
+    meta,
+    sa.Column("table_ident", sa.String(255), primary_key=True),
+    sa.Column("lease_table", sa.String(255), nullable=False),
+    sa.Column("due_at", sa.Float, nullable=False),
+    sa.Column("reason", sa.Text),
+)
+_CREATED: set[str] = set()
+
+
+def _engine(platform: Platform) -> sa.Engine:
+    eng = coordination.engine_for(platform)
+    if str(eng.url) not in _CREATED:
+        from lakehouse.metadata.store import create_tables
+
+        create_tables(meta, eng)
+        _CREATED.add(str(eng.url))
+    return eng
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def retention_s(catalog: MetadataCatalog, target: Target | None = None) -> float:
+    raw = (target.table_properties.get(RETENTION_PROPERTY) if target is not None else None) \
+        or catalog.setting(RETENTION_SETTING)
+    return (float(raw) if raw not in (None, "") else DEFAULT_RETENTION_DAYS) * DAY_S
+
+
+def orphan_min_age_s(catalog: MetadataCatalog) -> float:
+    raw = catalog.setting(ORPHAN_AGE_SETTING)
+    return (float(raw) if raw not in (None, "") else DEFAULT_ORPHAN_AGE_HOURS) * 3600.0
+
+
+# --------------------------------------------------------------------------- kept branches
+
+
+def keep_failed_audit(platform: Platform, idents: list[str], branch: str, run_id: str, reason: str) -> None:
+    """A failed audit's branches stay for inspection until the retention has passed."""
+    eng = _engine(platform)
+    now = time.time()
+    with eng.begin() as conn:
+        for ident in idents:
+            conn.execute(sa.delete(kept_branches).where(kept_branches.c.table_ident == ident,
+                                                        kept_branches.c.branch == branch))
+            conn.execute(sa.insert(kept_branches).values(table_ident=ident, branch=branch, run_id=run_id[:128],
+                                                         kept_at=now, reason=reason[:4000]))
+
+
+def kept(platform: Platform, ident: str) -> dict[str, dict]:
+    eng = _engine(platform)
+    with eng.connect() as conn:
+        return {r["branch"]: dict(r) for r in conn.execute(
+            sa.select(kept_branches).where(kept_branches.c.table_ident == ident)).mappings()}
+
+
+def _forget(platform: Platform, ident: str, branch: str) -> None:
+    with _engine(platform).begin() as conn:
+        conn.execute(sa.delete(kept_branches).where(kept_branches.c.table_ident == ident,
+                                                    kept_branches.c.branch == branch))
+
+
+# --------------------------------------------------------------------------- states
+
+
+@dataclass
+class BranchState:
+    table: str
+    branch: str
+    snapshot_id: int
+    state: str  # running | failed_audit | expired | dead | own | other
+    run_id: str | None = None
+    kept_until: str = ""
+    added_records: str = ""
+
+
+def branch_states(platform: Platform, tables: IcebergTables, ident: str, *, lease_table: str | None = None,
+                  retention: float, own: str | None = None, now: float | None = None) -> list[BranchState]:
+    """Every branch of `ident` but main, with what should happen to it."""
+    if not tables.exists(ident):
+        return []
+    now = time.time() if now is None else now
+    lease_table = lease_table or ident
+    eng = coordination.engine_for(platform)
+    leases = coordination.leases(platform, lease_table)
+    keep = kept(platform, ident)
+    out = []
+    for name, snap in tables.refs(ident).items():
+        if name == MAIN:
+            continue
+        summary = tables.snapshot_summary(ident, snap)
+        st = BranchState(ident, name, snap, "other", summary.get("lakehouse.run_id"),
+                         added_records=summary.get("added-records", ""))
+        if not name.startswith(PREFIX):
+            out.append(st)  # somebody's own branch: never touched
+            continue
+        if name == own:
+            st.state = "own"
+        elif name in keep:
+            until = keep[name]["kept_at"] + retention
+            st.kept_until = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(until)) + " UTC"
+            st.run_id = st.run_id or keep[name]["run_id"]
+            st.state = "failed_audit" if now < until else "expired"
+        elif name in leases and leases[name].alive(eng, now):
+            st.state = "running"
+        else:
+            st.state = "dead"
+        out.append(st)
+    return out
+
+
+# --------------------------------------------------------------------------- dropping
+
+
+def drop_branch_and_commits(tables: IcebergTables, ident: str, branch: str) -> int:
+    """Drop `branch` and expire the snapshots only it referenced; Iceberg deletes the files only
+    those snapshots referenced (data files published elsewhere stay). Returns snapshots expired."""
+    from lakehouse.iceberg import _walk_parents, retry_metadata_commit
+
+    md = tables.meta.load_table(ident).metadata
+    parents = {s.snapshot_id: s.parent_snapshot_id for s in md.snapshots}
+    refs = {n: r.snapshot_id for n, r in md.refs.items()}
+    if branch not in refs:
+        return 0
+    others = set()
+    for name, snap in refs.items():
+        if name != branch:
+            others.update(_walk_parents(parents, snap))
+    exclusive = [s for s in _walk_parents(parents, refs[branch]) if s not in others]
+    retry_metadata_commit(tables, ident, lambda: tables.drop_branch(ident, branch))
+    if exclusive:
+        spark = tables.spark
+        jvm = spark.sparkContext._jvm
+        action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession) \
+            .expireSnapshots(tables.java_table(ident)).expireOlderThan(1)  # keep everything else
+        for sid in exclusive:
+            action = action.expireSnapshotId(int(sid))
+        try:
+            retry_metadata_commit(tables, ident, action.execute)
+        except Exception as exc:  # noqa: BLE001 - the ref is gone; the files wait for the orphan sweep
+            log.warning("%s: dropped %s but could not expire its %d commit(s): %s", ident, branch, len(exclusive),
+                        str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+            return 0
+    return len(exclusive)
+
+
+def _publish_dead_quarantine(platform: Platform, tables: IcebergTables, q_ident: str, data_ident: str,
+                             st: BranchState) -> bool:
+    """A dead run's quarantine branch whose data reached main: finish its publish. True if published."""
+    from lakehouse.publish import chain, publish_branch
+
+    if not st.run_id or not tables.exists(data_ident):
+        return False
+    data_md = tables.meta.load_table(data_ident).metadata
+    main = data_md.refs[MAIN].snapshot_id if MAIN in data_md.refs else None
+    landed = any((s.summary.additional_properties if s.summary else {}).get("lakehouse.run_id") == st.run_id
+                 for s in chain(data_md, main))
+    if not landed:
+        return False
+    res = publish_branch(tables, q_ident, st.branch, since=None, run_id=None)
+    if res.published:
+        log.warning("%s: published quarantine branch %s of dead run %s (its data was already on main)",
+                    q_ident, st.branch, st.run_id)
+        return True
+    return False
+
+
+def tidy_table(platform: Platform, tables: IcebergTables, ident: str, *, retention: float,
+               lease_table: str | None = None, data_ident: str | None = None, own: str | None = None,
+               reason: str = "") -> list[BranchState]:
+    """Drop the dead runs' and expired failed audits' branches of `ident`. With `data_ident`,
+    `ident` is that table's quarantine table: a dead run's branch is published when its data landed."""
+    dropped = []
+    for st in branch_states(platform, tables, ident, lease_table=lease_table, retention=retention, own=own):
+        if st.state not in ("dead", "expired"):
+            continue
+        if st.state == "dead" and data_ident is not None and _publish_dead_quarantine(
+                platform, tables, ident, data_ident, st):
+            st.state = "published"
+            dropped.append(st)
+            continue
+        expired = drop_branch_and_commits(tables, ident, st.branch)
+        if st.state == "expired":
+            _forget(platform, ident, st.branch)
+        log.warning("%s: dropped branch %s of %s run %s (%d commit(s) expired)%s", ident, st.branch,
+                    "a dead" if st.state == "dead" else "an expired failed-audit", st.run_id or "?", expired,
+                    f" — {reason}" if reason else "")
+        dropped.append(st)
+    return dropped
+
+
+# --------------------------------------------------------------------------- orphan files
+
+
+def schedule_orphan_sweep(platform: Platform, ident: str, lease_table: str, due_at: float, reason: str) -> None:
+    eng = _engine(platform)
+    with eng.begin() as conn:
+        row = conn.execute(sa.select(orphan_sweeps.c.due_at).where(orphan_sweeps.c.table_ident == ident)).first()
+        if row is not None and row[0] <= due_at:
+            return
+        conn.execute(sa.delete(orphan_sweeps).where(orphan_sweeps.c.table_ident == ident))
+        conn.execute(sa.insert(orphan_sweeps).values(table_ident=ident, lease_table=lease_table, due_at=due_at,
+                                                     reason=reason[:2000]))
+
+
+def due_sweeps(platform: Platform, ident: str | None = None, now: float | None = None) -> list[dict]:
+    eng = _engine(platform)
+    q = sa.select(orphan_sweeps).where(orphan_sweeps.c.due_at <= (time.time() if now is None else now))
+    if ident is not None:
+        q = q.where(orphan_sweeps.c.table_ident == ident)
+    with eng.connect() as conn:
+        return [dict(r) for r in conn.execute(q).mappings()]
+
+
+def remove_orphan_files(platform: Platform, tables: IcebergTables, ident: str, *, min_age_s: float,
+                        lease_table: str | None = None, own_run: str | None = None) -> list[str] | None:
+    """Iceberg's orphan-file removal for files older than `min_age_s`; None (nothing done) while
+    another live run holds a lease on the table, since its uncommitted files look like orphans."""
+    lease_table = lease_table or ident
+    others = coordination.live_runs(platform, lease_table) - ({own_run} if own_run else set())
+    if others:
+        log.info("%s: orphan-file sweep postponed, run(s) %s are writing it", ident, ", ".join(sorted(others)))
+        return None
+    if not tables.exists(ident):
+        return []
+    spark = tables.spark
+    jvm = spark.sparkContext._jvm
+    older_than = int((time.time() - min_age_s) * 1000)
+    result = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession) \
+        .deleteOrphanFiles(tables.java_table(ident)).olderThan(older_than).execute()
+    removed = [str(p) for p in result.orphanFileLocations()]
+    if removed:
+        log.warning("%s: removed %d orphan file(s) older than %.1fh", ident, len(removed), min_age_s / 3600)
+    return removed
+
+
+def run_due_sweeps(platform: Platform, tables: IcebergTables, catalog: MetadataCatalog, ident: str,
+                   own_run: str | None = None) -> dict[str, int]:
+    out = {}
+    for sweep in due_sweeps(platform, ident):
+        removed = remove_orphan_files(platform, tables, sweep["table_ident"], min_age_s=orphan_min_age_s(catalog),
+                                      lease_table=sweep["lease_table"], own_run=own_run)
+        if removed is None:
+            continue
+        with _engine(platform).begin() as conn:
+            conn.execute(sa.delete(orphan_sweeps).where(orphan_sweeps.c.table_ident == sweep["table_ident"]))
+        out[sweep["table_ident"]] = len(removed)
+    return out
+
+
+# --------------------------------------------------------------------------- a stage's tidy-up
+
+
+def tidy_before_write(platform: Platform, tables: IcebergTables, catalog: MetadataCatalog, ident: str,
+                      run_id: str, related: tuple[str, ...] = (), target: Target | None = None) -> dict:
+    """Before a run writes `ident`: drop what dead runs and expired audits left on it and on its
+    `related` tables (the quarantine table), schedule / run the orphan-file sweep. Under the
+    table's publish lock, so that a quarantine roll-forward cannot race a live publish."""
+    own = coordination.run_key(run_id)
+    retention = retention_s(catalog, target)
+    dead_leases = coordination.forget_dead_leases(platform, ident)
+    dropped: list[BranchState] = []
+    with coordination.publish_lock(platform, ident):
+        dropped += tidy_table(platform, tables, ident, retention=retention, own=own)
+        for rel in related:
+            dropped += tidy_table(platform, tables, rel, retention=retention, lease_table=ident, data_ident=ident,
+                                  own=own)
+    if dropped or dead_leases:
+        due = time.time() + orphan_min_age_s(catalog)
+        why = f"dead run(s) {', '.join(sorted({d.branch for d in dropped} | set(dead_leases)))}"
+        for t in (ident, *related):
+            schedule_orphan_sweep(platform, t, ident, due, why)
+        platform.store.audit(run_id=run_id, dataset=ident, event="branches_tidied", outcome="success",
+                             message=f"{len(dropped)} branch(es) of dead runs / expired audits handled",
+                             details={"branches": [asdict(d) for d in dropped], "dead_leases": dead_leases})
+    swept = {}
+    for t in (ident, *related):
+        swept.update(run_due_sweeps(platform, tables, catalog, t, own_run=own))
+    return {"branches_dropped": len([d for d in dropped if d.state != "published"]),
+            "quarantine_branches_completed": len([d for d in dropped if d.state == "published"]),
+            **({"orphan_files_removed": sum(swept.values())} if swept else {})}
+
+
+def prune(platform: Platform, tables: IcebergTables, catalog: MetadataCatalog, idents: list[str] | None = None,
+          orphans: bool = False, orphan_min_age_hours: float | None = None) -> list[dict]:
+    """`lakehouse branches prune`: for every Iceberg target (or the given tables) and its
+    quarantine table, drop dead runs' and expired failed audits' branches; with `orphans`, also
+    remove orphan files older than the minimum age."""
+    from lakehouse.validation.quarantine import quarantine_identifier
+
+    targets = [t for t in catalog.targets if t.kind == "iceberg"]
+    by_ident = {t.identifier: t for t in targets}
+    wanted = idents or list(by_ident)
+    report = []
+    min_age = orphan_min_age_s(catalog) if orphan_min_age_hours is None else orphan_min_age_hours * 3600.0
+    for ident in wanted:
+        target = by_ident.get(ident)
+        retention = retention_s(catalog, target)
+        data_ident = ident[: -len("__quarantine")] if ident.endswith("__quarantine") else None
+        lease_table = data_ident or ident
+        related = [quarantine_identifier(ident)] if data_ident is None and idents is None else []
+        coordination.forget_dead_leases(platform, lease_table)
+        for t, d in ((ident, data_ident), *((r, ident) for r in related)):
+            if not tables.exists(t):
+                continue
+            with coordination.publish_lock(platform, d or t):
+                dropped = tidy_table(platform, tables, t, retention=retention, lease_table=d or t, data_ident=d)
+            row = {"table": t, "dropped": [x.branch for x in dropped if x.state != "published"],
+                   "published": [x.branch for x in dropped if x.state == "published"]}
+            if orphans:
+                removed = remove_orphan_files(platform, tables, t, min_age_s=min_age, lease_table=d or t)
+                row["orphan_files_removed"] = "postponed (a run is writing)" if removed is None else len(removed)
+                if removed is not None:
+                    with _engine(platform).begin() as conn:
+                        conn.execute(sa.delete(orphan_sweeps).where(orphan_sweeps.c.table_ident == t))
+            report.append(row)
+    if report:
+        platform.store.audit(event="branches_pruned", outcome="success",
+                             details={"tables": json.loads(json.dumps(report, default=str))})
+    return report
