@@ -42,6 +42,10 @@ def catalog_conf(settings: Settings) -> dict[str, str]:
         # Other processes (concurrent runs, PyIceberg) commit too: never serve a stale cached table.
         f"{cat}.cache-enabled": "false",
     }
+    if settings.catalog_jdbc_url.startswith("jdbc:postgresql:"):
+        # after a server restart a pooled connection fails with "terminating connection due to
+        # administrator command" (57P01) or the like: let Iceberg reconnect instead of failing
+        conf[f"{cat}.retryable_status_codes"] = "57P01,57P02,57P03,08001,08004"
     if settings.catalog_jdbc_url.startswith("jdbc:sqlite:"):
         # Concurrent runs commit to the embedded catalog: wait for SQLite's lock instead of failing after 3 s.
         conf[f"{cat}.jdbc.busy_timeout"] = "30000"
