@@ -10,6 +10,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -101,10 +102,16 @@ class IcebergTables:
     instead of a Spark job per question.
     """
 
-    def __init__(self, spark: SparkSession, catalog: str, meta_catalog: Any | None = None):
-        self.spark = spark
+    def __init__(self, spark: SparkSession | Callable[[], SparkSession], catalog: str, meta_catalog: Any | None = None):
+        self._spark = spark  # or a function giving it: metadata questions then need no JVM at all
         self.catalog = catalog
         self.meta = meta_catalog
+
+    @property
+    def spark(self) -> SparkSession:
+        if callable(self._spark):
+            self._spark = self._spark()
+        return self._spark
 
     def _meta_table(self, identifier: str):
         return self.meta.load_table(identifier)

@@ -83,7 +83,8 @@ class Platform:
         return thread
 
     def tables(self) -> IcebergTables:
-        return IcebergTables(self.spark(), self.settings.catalog_name, self.pyiceberg_catalog())
+        # Spark is started on first use only: planning and skipping read metadata with PyIceberg
+        return IcebergTables(self.spark, self.settings.catalog_name, self.pyiceberg_catalog())
 
     def pyiceberg_catalog(self):
         """PyIceberg view of the same catalog (same name, same database): metadata reads without Spark."""
