@@ -10,6 +10,8 @@ PyIceberg (total and distinct event ids: duplicates = total - distinct). Prints 
 wall time, its ratio to the single run (goal: 4 runs <= 1.3x one run) and the duplicates (goal 0).
 `--no-claims` switches plan-time claims off, so every run reads and writes every file and the
 publish-time check alone keeps rows exactly once (the price of relying on it alone).
+`--no-warmup` sets LAKEHOUSE_SPARK_WARMUP=0 for every run (the single one too): a run whose input
+other runs claimed then never starts a JVM.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--postgres", action="store_true", help="catalog and control DB on PostgreSQL")
     ap.add_argument("--no-claims", action="store_true")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="LAKEHOUSE_SPARK_WARMUP=0: a run starts its JVM only when a step needs it")
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench_conc_"))
@@ -60,7 +64,8 @@ def main() -> None:
     size = generate(landing / "events", args.gb, 0)
     n_files = len(list((landing / "events").glob("*.parquet")))
     print(f"generated {size / 1024**3:.2f} GiB of parquet in {n_files} files; claims "
-          f"{'off' if args.no_claims else 'on'}; catalog {'PostgreSQL' if args.postgres else 'SQLite'}", flush=True)
+          f"{'off' if args.no_claims else 'on'}; catalog {'PostgreSQL' if args.postgres else 'SQLite'}; "
+          f"JVM warm-up {'off' if args.no_warmup else 'on'}", flush=True)
     pg_stop = None
     if args.postgres:
         from tests.fixtures.postgres import start_postgres
@@ -76,7 +81,8 @@ def main() -> None:
                 env = {key: v for key, v in os.environ.items() if not key.startswith("LAKEHOUSE_")}
                 env.pop("DAGSTER_HOME", None)
                 env.update({"LAKEHOUSE_HOME": str(home), "LAKEHOUSE_LANDING_DIR": str(landing),
-                            "LAKEHOUSE_AUTO_APPLY": "0", "PYTHONUNBUFFERED": "1"})
+                            "LAKEHOUSE_AUTO_APPLY": "0", "PYTHONUNBUFFERED": "1",
+                            "LAKEHOUSE_SPARK_WARMUP": "0" if args.no_warmup else "1"})
                 if args.postgres:
                     cat_db, ctl_db = pg.create_database(), pg.create_database()
                     env.update({"LAKEHOUSE_CATALOG_URI": f"postgresql://{pg.host}:{pg.port}/{cat_db}",

@@ -82,7 +82,11 @@ def cmd_run(args) -> int:
     """Materialize a pipeline headless through the same Definitions the UI loads, on the persistent
     Dagster instance (so pools hold), and end with the per-stage summary (lakehouse.run_summary)."""
     platform = Platform.from_env()
-    platform.warm_spark()  # the JVM starts on the other core while Dagster is imported and the job is built
+    if _env_flag("LAKEHOUSE_SPARK_WARMUP", True):
+        # the JVM starts on the other core while Dagster is imported and the job is built; with
+        # LAKEHOUSE_SPARK_WARMUP=0 it starts only when a step needs it (a run with nothing to load,
+        # e.g. one of several concurrent runs whose files others claimed, then never starts one)
+        platform.warm_spark()
     from lakehouse.throughput.instance import headless_instance, run_tags
     from lakehouse_assets.definitions import build_definitions
     from lakehouse_assets.run_summary import record, stage_keys, summarize
@@ -102,7 +106,17 @@ def cmd_run(args) -> int:
                         stage_keys(catalog, args.pipeline, job.asset_layer.selected_asset_keys))
     record(headless.instance if headless.persistent else None, platform, summary, args.pipeline)
     print(summary.table())
+    from lakehouse.spark import release_jvm_at_exit
+
+    release_jvm_at_exit()  # a JVM still starting (nothing needed it) would keep a core busy after we exit
     return summary.exit_code
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    import os
+
+    raw = os.environ.get(name)
+    return default if raw in (None, "") else raw.strip().lower() not in ("0", "false", "no", "off")
 
 
 def cmd_demo(args) -> int:

@@ -459,9 +459,14 @@ class StageRunner:
                         x for x in (outcome.extra.get("already_loaded"), overlap.message()) if x)
                     outcome.extra["files_already_loaded"] = (outcome.extra.get("files_already_loaded", 0)
                                                              + overlap.file_count)
+                staged = plan.staged_path
                 plan = remainder_plan(plan, sup.result)
                 outcome.writes, outcome.rows_written, outcome.quarantined_rows = [], 0, 0
                 if plan is None:
+                    if staged:  # the downloaded / staged input is on main already, by another run
+                        import shutil
+
+                        shutil.rmtree(staged, ignore_errors=True)
                     outcome.skipped_reason = outcome.extra["already_loaded"]
                     outcome.published = True
                     tables = self.platform.tables()

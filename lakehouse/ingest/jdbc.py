@@ -613,13 +613,16 @@ def claim_window(runner: StageRunner, src: Source, details: dict[str, Any]) -> s
 
     if not coordination.claims_enabled(runner.catalog):
         return None
+    incremental = src.load_type == "incremental"
+    version = (details.get("watermark_last") or "first-load") if incremental else "full-load"
     res = coordination.claim(runner.platform, runner.target.identifier, runner.run_id,
-                             [(f"jdbc:{src.source_id}", details.get("watermark_last") or "first-load")])
+                             [(f"jdbc:{src.source_id}", version)])
     if res.mine:
         return None
     runner.audit("window_claimed_elsewhere", outcome="skipped", message=res.message())
-    return (f"source {src.source_id!r}: the rows after watermark {decode_watermark(details.get('watermark_last'))} "
-            f"are being loaded by run {', '.join(res.taken)}")
+    what = (f"the rows after watermark {decode_watermark(details.get('watermark_last'))}" if incremental
+            else "a full load")
+    return f"source {src.source_id!r}: {what} is being loaded by run {', '.join(res.taken)}"
 
 
 def batches(runner: StageRunner, plan: ExtractPlan):
