@@ -120,11 +120,12 @@ def crash_point(name: str) -> None:
     With `LAKEHOUSE_CRASH_MARKER=<file>` the process writes the file and waits to be killed
     from outside (the test's kill -9); without it, it SIGKILLs itself. Off unless the env asks.
 
-    `LAKEHOUSE_PAUSE_AT=<name>` with `LAKEHOUSE_PAUSE_DIR=<dir>` instead writes `<dir>/<name>.<pid>`
-    and waits until `<dir>/release` exists (tests line concurrent runs up at one point, or stop a
-    database while a run is there); `LAKEHOUSE_PAUSE_SECONDS` bounds the wait (default 600).
+    `LAKEHOUSE_PAUSE_AT=<name>[,<name>...]` with `LAKEHOUSE_PAUSE_DIR=<dir>` instead writes
+    `<dir>/<name>.<pid>` the first time the process gets there and waits until `<dir>/release` or
+    `<dir>/release.<name>` exists (tests line concurrent runs up at one point, or stop a database
+    while a run is there); `LAKEHOUSE_PAUSE_SECONDS` bounds the wait (default 600).
     """
-    if os.environ.get("LAKEHOUSE_PAUSE_AT") == name and os.environ.get("LAKEHOUSE_PAUSE_DIR"):
+    if name in os.environ.get("LAKEHOUSE_PAUSE_AT", "").split(",") and os.environ.get("LAKEHOUSE_PAUSE_DIR"):
         pause_here(name, os.environ["LAKEHOUSE_PAUSE_DIR"], float(os.environ.get("LAKEHOUSE_PAUSE_SECONDS", "600")))
     if os.environ.get("LAKEHOUSE_CRASH_AT") != name:
         return
@@ -140,9 +141,12 @@ def pause_here(name: str, folder: str, max_wait_s: float) -> None:
     from pathlib import Path
 
     d = Path(folder)
-    (d / f"{name}.{os.getpid()}").write_text(f"{os.getpid()} {name}\n")
+    marker = d / f"{name}.{os.getpid()}"
+    if marker.exists():
+        return  # once per point and process
+    marker.write_text(f"{os.getpid()} {name}\n")
     deadline = time.monotonic() + max_wait_s
-    while not (d / "release").exists() and time.monotonic() < deadline:
+    while not ((d / "release").exists() or (d / f"release.{name}").exists()) and time.monotonic() < deadline:
         time.sleep(0.1)
 
 
