@@ -61,6 +61,21 @@ def _open(settings: Settings, uri: str):
     return cat
 
 
+def ensure_namespace(cat, namespace: str) -> None:
+    """Create `namespace` in a PyIceberg catalog unless it exists. PyIceberg checks, then inserts:
+    of two processes doing it at once the loser gets a unique-constraint error, not
+    NamespaceAlreadyExistsError, and the namespace is there all the same."""
+    from pyiceberg.exceptions import NamespaceAlreadyExistsError
+
+    try:
+        cat.create_namespace(namespace)
+    except NamespaceAlreadyExistsError:
+        pass
+    except Exception:
+        if not cat.namespace_exists(namespace):
+            raise
+
+
 def readonly_catalog(settings: Settings):
     """The catalog opened for reading only, or None when there is none yet.
 

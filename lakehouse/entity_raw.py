@@ -161,9 +161,11 @@ def iceberg_schema():
 
 def ensure_table(platform: Platform, application_id: str, catalog: MetadataCatalog | None = None) -> bool:
     """Create entity_raw.<app> (registered apps only) with PyIceberg: no Spark needed. True if created."""
-    from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
+    from pyiceberg.exceptions import TableAlreadyExistsError
     from pyiceberg.partitioning import PartitionField, PartitionSpec
     from pyiceberg.transforms import IdentityTransform
+
+    from lakehouse.catalog import ensure_namespace
 
     app = require_application(catalog or platform.catalog(), application_id)
     ident = table_identifier(app.application_id)
@@ -174,10 +176,7 @@ def ensure_table(platform: Platform, application_id: str, catalog: MetadataCatal
         # writer (PyIceberg) on an embedded SQLite catalog can find the database locked
         return _ensure_table_spark(platform, app, ident)
     cat = platform.pyiceberg_catalog()
-    try:
-        cat.create_namespace(NAMESPACE)
-    except NamespaceAlreadyExistsError:
-        pass
+    ensure_namespace(cat, NAMESPACE)  # another load creating it at the same moment is fine
     if cat.table_exists(ident):
         return False
     spec = PartitionSpec(PartitionField(source_id=1, field_id=1000, transform=IdentityTransform(), name="typename"))

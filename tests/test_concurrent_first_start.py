@@ -27,11 +27,11 @@ WORKER = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
 start_at = float(sys.argv[2])
-from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
+from pyiceberg.exceptions import TableAlreadyExistsError
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
 from lakehouse import coordination
-from lakehouse.catalog import pyiceberg_catalog
+from lakehouse.catalog import ensure_namespace, pyiceberg_catalog
 from lakehouse.runner import Platform
 from lakehouse.throughput.ratelimit import TokenBuckets
 while time.time() < start_at:
@@ -42,10 +42,7 @@ coordination.engine_for(platform)
 from lakehouse.ingest import checkpoints
 checkpoints.engine_for(platform)
 cat = pyiceberg_catalog(platform.settings)
-try:
-    cat.create_namespace("first")
-except NamespaceAlreadyExistsError:
-    pass
+ensure_namespace(cat, "first")  # as entity_raw creates its namespace
 try:
     cat.create_table("first.t", Schema(NestedField(1, "id", LongType(), required=False)))
 except TableAlreadyExistsError:
