@@ -54,6 +54,14 @@ def cmd_metadata(args) -> int:
             print(f"note: {note}")
         return 0
     platform = Platform.from_env()
+    if args.action == "derive":
+        from lakehouse.metadata.derived import derive_now
+
+        report = derive_now(platform.store, force=args.all)
+        print(f"derived {len(report.rederived)} of {report.total} stage(s) again"
+              + (f", dropped {len(report.removed)} of stages that no longer exist" if report.removed else "")
+              + ("" if report.rederived or report.removed else ": everything was up to date"))
+        return 0
     if args.action == "show":
         catalog = platform.store.load()
         data = catalog.model_dump(mode="json", exclude_defaults=True)
@@ -66,7 +74,13 @@ def cmd_metadata(args) -> int:
     # apply checks references against the merged catalog (a file may refer to rows already applied)
     loaded = load_metadata(args.path, check_refs=False)
     applied = platform.store.apply(loaded, replace=args.replace, live=_live_tables(platform.settings, readonly=True))
+    derived = applied.pop("derived_stages", 0)
     print(f"applied {args.path} to {platform.store!r}: " + ", ".join(f"{n} {k}" for k, n in applied.items() if n))
+    print(f"derived: {derived} stage(s) derived again (SQL tables, column lineage, output columns, checks); the "
+          "others were unchanged")
+    from lakehouse.entity_raw import ensure_tables_at_startup
+
+    ensure_tables_at_startup(platform)  # entity_raw.<app> for every registered application
     from lakehouse.throughput.pools import sync_pools
 
     sync_pools(platform)  # the instance headless runs, the UI and the daemon share; says what it cannot enforce
@@ -96,7 +110,7 @@ def cmd_run(args) -> int:
     headless = headless_instance(platform.settings, catalog, ephemeral=args.ephemeral)
     for note in headless.notes:
         print(f"warning: {note}", file=sys.stderr)
-    defs = build_definitions(platform)
+    defs = build_definitions(platform, pipelines=[args.pipeline])  # this pipeline's stages, not every pipeline's
     job = defs.resolve_job_def(f"{args.pipeline}_job")
     quiet = {} if args.verbose else {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
     result = job.execute_in_process(instance=headless.instance, raise_on_error=False, run_config=quiet,
@@ -211,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
             a.add_argument("--replace", action="store_true", help="replace all metadata instead of merging by key")
     s = msub.add_parser("show")
     s.add_argument("section", nargs="?")
+    dv = msub.add_parser("derive", help="derive again what apply stores per stage (SQL tables, column lineage, "
+                                        "columns, checks) for stages changed outside apply, e.g. by plain SQL")
+    dv.add_argument("--all", action="store_true", help="derive every stage again, changed or not")
     msub.add_parser("reference", help="print the Markdown reference of every metadata table and field")
     m.set_defaults(func=cmd_metadata)
 

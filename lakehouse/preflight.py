@@ -10,6 +10,7 @@ failing midway with upstream stages already published. Reads only: PyIceberg tab
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from lakehouse.errors import ConfigurationError
@@ -23,14 +24,19 @@ def _locate(section: str, key: tuple) -> str:
     return f"control DB {section}{list(key)}"
 
 
-def problems_for(catalog: MetadataCatalog, stages: list[Stage], live) -> list[str]:
-    """Every problem of `stages` as a run of exactly them would meet it, given the `live` schemas."""
+def problems_for(catalog: MetadataCatalog, stages: list[Stage], live,
+                 upstreams: Mapping[str, list[str]] | None = None) -> list[str]:
+    """Every problem of `stages` as a run of exactly them would meet it, given the `live` schemas.
+    `upstreams`: target id -> tables read, as apply stored them, for stages outside the run (their
+    SQL is then not parsed: a run's check costs the same at one pipeline or thousands)."""
     from lakehouse.metadata.checks import check_stages
     from lakehouse.metadata.derive import stage_upstreams
 
     planned = {s.target_id for s in stages}
     only = {(s.pipeline_id, s.stage_name) for s in stages}
-    out = [str(p) for p in check_stages(catalog, _locate, lambda _k: None, live=live, planned=planned, only=only)]
+    known = {t: ups for t, ups in (upstreams or {}).items() if t not in planned}  # the run's own: parsed now
+    out = [str(p) for p in check_stages(catalog, _locate, lambda _k: None, live=live, planned=planned, only=only,
+                                        upstreams=known)]
     for st in stages:
         for ident in stage_upstreams(catalog, st):
             producer = catalog.target_by_identifier(ident)
@@ -49,9 +55,22 @@ def check_run(platform: Platform, stage_ids: list[tuple[str, str]]) -> None:
 
     catalog = platform.store.load()
     stages = [catalog.stage(p, n) for p, n in stage_ids]
-    problems = problems_for(catalog, stages, LiveTables(platform.pyiceberg_catalog()))
+    problems = problems_for(catalog, stages, LiveTables(platform.pyiceberg_catalog()), stored_upstreams(platform))
     if problems:
         raise ConfigurationError(
             f"stopped before the run's first write: {len(problems)} configuration problem(s) in the stage(s) of "
             "this run (a retry would fail the same way; fix the metadata, apply it, run again):\n  - "
             + "\n  - ".join(problems))
+
+
+def stored_upstreams(platform: Platform) -> dict[str, list[str]]:
+    """target id -> the tables its stage reads, as apply derived them (lakehouse.metadata.derived)."""
+    import json
+
+    import sqlalchemy as sa
+
+    from lakehouse.metadata.store import derived_stages as t
+
+    platform.store.create_all()
+    with platform.store.engine.connect() as conn:
+        return {tid: json.loads(ups or "[]") for tid, ups in conn.execute(sa.select(t.c.target_id, t.c.upstream_tables))}

@@ -1,58 +1,227 @@
-"""The code location: `dagster dev` loads `defs` from here (see [tool.dagster] and workspace.yaml)."""
+"""The code location: `dagster dev` loads `defs` from here (see [tool.dagster] and workspace.yaml).
+
+Importing this module reads, writes and connects to nothing. `defs` is a repository whose members
+are built from the control DB when Dagster first asks for them, in one read of the structural
+metadata and of what `lakehouse metadata apply` derived from it (no SQL parsing, no writes):
+
+* the code server (the UI, sensors, schedules) asks for everything and gets the whole graph;
+* a run worker (`dagster api execute_run`, a run launched from the UI, a sensor or a schedule)
+  asks only for its job: for a pipeline's job (`<pipeline>_job`) it builds that pipeline's stages
+  alone, so a run pays for its own pipeline, not for every pipeline the platform has. Other jobs
+  (the implicit asset job of a UI "Materialize" selection, the dashboard job) get the whole graph.
+
+Setting up the embedded defaults (demo metadata, entity_raw tables) is `lakehouse metadata apply`'s
+job (scripts/up.sh), not this module's.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import json
 import logging
 import os
+import threading
+import time
+from collections.abc import Iterable
 
 import dagster as dg
 
-from lakehouse.entity_raw import ensure_tables_at_startup
-from lakehouse.metadata.loader import load_metadata
+from lakehouse.metadata.derived import read_structure
 from lakehouse.runner import Platform
 from lakehouse_assets.dashboard import dashboard_definitions
 from lakehouse_assets.entity_raw_assets import entity_raw_definitions
-from lakehouse_assets.factory import build_assets, pipeline_jobs
+from lakehouse_assets.factory import Graph, build_source_specs, build_stage_assets, job_name, pipeline_job
 from lakehouse_assets.run_summary import build_run_summary_sensor
 from resources import IcebergIOManager, LakehouseResource, spark_resource
 from schedules import build_schedules
 from sensors import build_sensors
 
 log = logging.getLogger(__name__)
+REPOSITORY_NAME = "__repository__"  # the name dg.Definitions gives its repository: runs find it under it
 
 
-def bootstrap_if_empty(platform: Platform) -> None:
-    """First start on the embedded defaults: load the demo metadata so the UI is not empty."""
-    if os.environ.get("LAKEHOUSE_AUTO_APPLY", "1") == "0":
+def _resources() -> dict:
+    return {"lakehouse": LakehouseResource(), "iceberg_io_manager": IcebergIOManager(), "pyspark": spark_resource()}
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc():
+    """Building thousands of definitions allocates millions of objects that all stay alive; the
+    cyclic collector, triggered by the allocations, would traverse them again and again (about
+    40% of the build's time at 4,000 assets). Reference counting still frees what is dropped."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def build_definitions(platform: Platform | None = None, *, pipelines: Iterable[str] | None = None) -> dg.Definitions:
+    """Structural metadata (pipelines, stages, sources, targets) and the rows apply derived build
+    the graph. `pipelines`: only these pipelines' stages and jobs (a run's build: no sensors,
+    schedules or other assets)."""
+    started = time.monotonic()
+    with _no_cyclic_gc():
+        defs = _build(platform or Platform.from_env(), pipelines)
+    _trace(pipelines, defs, time.monotonic() - started)
+    return defs
+
+
+def _trace(pipelines: Iterable[str] | None, defs: dg.Definitions, seconds: float) -> None:
+    """LAKEHOUSE_DEFS_TRACE=<file>: one JSON line per build (process, what was built, how long): how an
+    operator, the bench and the tests see what a code server or a run worker built."""
+    path = os.environ.get("LAKEHOUSE_DEFS_TRACE")
+    if not path:
         return
-    catalog = platform.store.load()
-    if catalog.pipelines or not platform.settings.metadata_dir.exists():
-        return
-    log.warning("control DB is empty: applying %s", platform.settings.metadata_dir)
-    platform.store.apply(load_metadata(platform.settings.metadata_dir))
+    line = {"pid": os.getpid(), "pipelines": sorted(pipelines) if pipelines is not None else None,
+            "assets": sum(len(a.keys) for a in defs.assets or [] if isinstance(a, dg.AssetsDefinition)),
+            "jobs": sorted(j.name for j in defs.jobs or []), "seconds": round(seconds, 3)}
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
 
 
-def build_definitions(platform: Platform | None = None) -> dg.Definitions:
-    """Structural metadata (pipelines, stages, sources, targets, rule sets) builds the graph."""
-    platform = platform or Platform.from_env()
-    bootstrap_if_empty(platform)
-    catalog = platform.store.load()
+def _build(platform: Platform, pipelines: Iterable[str] | None) -> dg.Definitions:
+    wanted = set(pipelines) if pipelines is not None else None
+    structure = read_structure(platform.store, wanted)
+    if structure.missing_tables and not structure.catalog.stages:
+        log.warning("the control DB has no metadata yet (%s): the code location is empty. Apply some with "
+                    "`lakehouse metadata apply <dir>` (scripts/up.sh applies metadata/demo)",
+                    ", ".join(structure.missing_tables))
+    g = Graph(structure)
+    resources = _resources()
+    stage_assets = build_stage_assets(g, wanted)
+    jobs = [pipeline_job(g, pid, assets, resources) for pid, assets in stage_assets.items()]
+    # One process per run, so one JVM per run: every asset of the run shares the SparkSession.
+    common = {"resources": resources, "executor": dg.in_process_executor}
+    mine = [a for assets in stage_assets.values() for a in assets]
+    if wanted is not None:
+        return dg.Definitions(assets=mine, jobs=jobs, **common)
+    catalog = structure.catalog
     dashboard = dashboard_definitions()
-    ensure_tables_at_startup(platform)  # entity_raw.<app> for every registered application
     raw = entity_raw_definitions(catalog)
     return dg.Definitions(
-        assets=[*build_assets(catalog), *dashboard["assets"], *raw["assets"]],
-        jobs=[*pipeline_jobs(catalog), *dashboard["jobs"], *raw["jobs"]],
-        sensors=[*build_sensors(catalog), *dashboard["sensors"], *raw["sensors"], build_run_summary_sensor()],
+        assets=[*build_source_specs(g, catalog.stages), *mine, *dashboard["assets"], *raw["assets"]],
+        jobs=[*jobs, *dashboard["jobs"], *raw["jobs"]],
+        sensors=[*build_sensors(g, jobs), *dashboard["sensors"], *raw["sensors"], build_run_summary_sensor()],
         schedules=[*build_schedules(catalog), *raw["schedules"]],
-        resources={
-            "lakehouse": LakehouseResource(),
-            "iceberg_io_manager": IcebergIOManager(),
-            "pyspark": spark_resource(),
-        },
-        # One process per run, so one JVM per run: every asset of the run shares the SparkSession.
-        executor=dg.in_process_executor,
+        **common,
     )
 
 
-defs = build_definitions()
+class LakehouseRepositoryData(dg.RepositoryData):
+    """The repository behind `defs`: the whole graph is built on first need, once per process,
+    except that asking for one pipeline's job first (what a run worker does) builds that pipeline
+    only. Every other question is answered by the whole graph, so the code server, the UI and the
+    `dagster` CLI see exactly what `build_definitions()` returns."""
+
+    def __init__(self, platform: Platform | None = None):
+        self._platform = platform
+        self._lock = threading.RLock()
+        self._full: dg.RepositoryDefinition | None = None
+        self._jobs: dict[str, dg.JobDefinition] = {}
+
+    def _get_platform(self) -> Platform:
+        return self._platform or Platform.from_env()
+
+    def _data(self) -> dg.RepositoryData:
+        with self._lock:
+            if self._full is None:
+                with _no_cyclic_gc():
+                    self._full = build_definitions(self._get_platform()).get_repository_def()
+                    self._full.load_all_definitions()  # jobs resolved, sensors and schedules checked: here, once
+                # long-lived from here on: later collections (the code server's snapshots, sensor ticks)
+                # need not traverse them again
+                gc.freeze()
+            return self._full._repository_data  # noqa: SLF001 - no public accessor; we delegate to it whole
+
+    def pipeline_job(self, name: str) -> dg.JobDefinition | None:
+        """`<pipeline>_job` built from that pipeline alone, or None when `name` is not a pipeline's job."""
+        with self._lock:
+            if name in self._jobs:
+                return self._jobs[name]
+            if not name.endswith("_job") or self._full is not None:
+                return None
+            pipeline_id = name[: -len("_job")]
+            defs = build_definitions(self._get_platform(), pipelines=[pipeline_id])
+            if not any(j.name == name for j in defs.jobs or []):
+                return None
+            with _no_cyclic_gc():
+                job = defs.resolve_job_def(name)
+            log.info("built job %s from pipeline %s alone (%d asset(s))", name, pipeline_id,
+                     len(job.asset_layer.selected_asset_keys))
+            self._jobs[name] = job
+            return job
+
+    # -- the one question answered without the whole graph
+    def get_job(self, job_name: str) -> dg.JobDefinition:
+        return self.pipeline_job(job_name) or self._data().get_job(job_name)
+
+    # -- everything else: the whole graph
+    def get_top_level_resources(self):
+        return self._data().get_top_level_resources()
+
+    def get_env_vars_by_top_level_resource(self):
+        return self._data().get_env_vars_by_top_level_resource()
+
+    def get_all_jobs(self):
+        return self._data().get_all_jobs()
+
+    def get_job_names(self):
+        return self._data().get_job_names()
+
+    def has_job(self, job_name: str) -> bool:
+        return self._data().has_job(job_name)
+
+    def get_schedule_names(self):
+        return self._data().get_schedule_names()
+
+    def get_all_schedules(self):
+        return self._data().get_all_schedules()
+
+    def get_schedule(self, schedule_name: str):
+        return self._data().get_schedule(schedule_name)
+
+    def has_schedule(self, schedule_name: str) -> bool:
+        return self._data().has_schedule(schedule_name)
+
+    def get_all_sensors(self):
+        return self._data().get_all_sensors()
+
+    def get_sensor_names(self):
+        return self._data().get_sensor_names()
+
+    def get_sensor(self, sensor_name: str):
+        return self._data().get_sensor(sensor_name)
+
+    def has_sensor(self, sensor_name: str) -> bool:
+        return self._data().has_sensor(sensor_name)
+
+    def get_source_assets_by_key(self):
+        return self._data().get_source_assets_by_key()
+
+    def get_assets_defs_by_key(self):
+        return self._data().get_assets_defs_by_key()
+
+    def get_asset_checks_defs_by_key(self):
+        return self._data().get_asset_checks_defs_by_key()
+
+    def get_component_tree(self):
+        return self._data().get_component_tree()
+
+    def get_asset_job_nodes(self):
+        return self._data().get_asset_job_nodes()
+
+    def load_all_definitions(self):
+        self._data().load_all_definitions()
+
+
+def lakehouse_repository(platform: Platform | None = None) -> dg.RepositoryDefinition:
+    return dg.repository(name=REPOSITORY_NAME)(lambda: LakehouseRepositoryData(platform))
+
+
+defs = lakehouse_repository()
+
+__all__ = ["build_definitions", "defs", "job_name", "lakehouse_repository"]

@@ -1,14 +1,18 @@
-"""Sensors generated from metadata: file arrivals (local landing zone or S3 prefix) per source."""
+"""Sensors generated from metadata: file arrivals (one sensor over every landing zone and S3 prefix),
+the kill switch and the throughput sync."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import dagster as dg
 
-from lakehouse.metadata.model import MetadataCatalog
-from sensors.arrivals import build_arrival_sensors
+from lakehouse_assets.factory import Graph
+from sensors.arrivals import build_arrival_sensor
 from sensors.killswitch import build_killswitch_sensor
 from sensors.throughput import build_throughput_sensor
 
 
-def build_sensors(catalog: MetadataCatalog) -> list[dg.SensorDefinition]:
-    return [*build_arrival_sensors(catalog), build_throughput_sensor(), build_killswitch_sensor()]
+def build_sensors(g: Graph, jobs: Sequence) -> list[dg.SensorDefinition]:
+    arrivals = build_arrival_sensor(g, jobs)
+    return [*([arrivals] if arrivals is not None else []), build_throughput_sensor(), build_killswitch_sensor()]

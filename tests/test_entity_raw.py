@@ -158,12 +158,14 @@ def test_load_hostile_columns_tenants_upsert_and_join(apps):
         ("orders_1", "orders_1")]
 
 
-def test_asset_sensor_and_schedule(apps):
+def test_asset_sensor_and_schedule(apps, tmp_path):
+    from lakehouse.cli import main as cli_main
     from lakehouse_assets.definitions import build_definitions
 
     platform, client, bucket = apps
-    defs = build_definitions(platform)  # start-up creates the tables
+    assert cli_main(["metadata", "apply", str(tmp_path / "apps.yaml")]) == 0  # apply creates the tables
     assert pycat(platform).table_exists("entity_raw.snowflake")
+    defs = build_definitions(platform)  # loading the definitions creates nothing
     graph = defs.resolve_asset_graph()
     node = graph.get(dg.AssetKey(["entity_raw", "redshift"]))
     assert node.group_name == "entity_raw"

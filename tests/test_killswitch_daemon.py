@@ -116,7 +116,7 @@ def test_flag_flip_by_sql_stops_runs_on_a_real_daemon(settings, tmp_path, dagste
     # ---- a sensor tick skips, saying why
     ctx = d._request_context()
     repo = next(iter(ctx.get_code_location(d.location_name).get_repositories().values()))
-    arrivals = repo.get_sensor("ks__ingest__arrivals")
+    arrivals = repo.get_sensor("lakehouse_arrivals")  # one sensor over every source
     inst.start_sensor(arrivals)
     tick = _wait(lambda: next(iter(inst.get_ticks(arrivals.get_remote_origin_id(), arrivals.selector_id,
                                                   statuses=[TickStatus.SKIPPED])), None),

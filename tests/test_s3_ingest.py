@@ -249,21 +249,23 @@ def test_sensor_run_reads_exactly_its_batch(platform, s3env, tmp_path, unique_ns
     for i in range(3):
         put(client, bucket, f"logs/p-{i}.parquet", parquet_bytes(log_rows(i, 4)))
     defs = build_definitions(platform)
-    sensor = defs.get_sensor_def("wf_logs__ingest__arrivals")
+    sensor = defs.get_sensor_def("lakehouse_arrivals")  # one sensor over every source
     instance = dg.DagsterInstance.ephemeral()
     result = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=None, definitions=defs))
     reqs = result.run_requests
     assert [r.tags["lakehouse/files"] for r in reqs] == ["2", "1"]
     assert all(r.tags[ARRIVAL_TAG] == r.run_key for r in reqs)
-    job = defs.resolve_implicit_global_asset_job_def()
+    assert {(r.job_name, r.tags["lakehouse/source"]) for r in reqs} == {("wf_logs_job", "wf_logs_s3")}
+    assert reqs[0].asset_selection == [dg.AssetKey(["bronze", "wf_logs"])]
+    job = defs.resolve_job_def(reqs[0].job_name)  # the pipeline's job: a run worker builds that pipeline only
     first = job.execute_in_process(instance=instance, tags=reqs[0].tags, raise_on_error=False,
-                                   asset_selection=[dg.AssetKey(["bronze", "wf_logs"])])
+                                   asset_selection=reqs[0].asset_selection)
     assert first.success
     assert platform.tables().read(ident).count() == 8  # only the first batch's two files
     mats = first.get_asset_materialization_events()
     assert mats[0].materialization.metadata["s3_listing"].value == "arrival_batch"
     second = job.execute_in_process(instance=instance, tags=reqs[1].tags, raise_on_error=False,
-                                    asset_selection=[dg.AssetKey(["bronze", "wf_logs"])])
+                                    asset_selection=reqs[1].asset_selection)
     assert second.success
     assert platform.tables().read(ident).count() == 12
     # the listing helper sees all three objects; the checkpoint table has each exactly once

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 REPO = Path(__file__).resolve().parent.parent
 LOCATION = "lakehouse"
 PIPELINE = "user_events_etl"
-SENSOR = f"{PIPELINE}__bronze_ingest__arrivals"
+SENSOR = "lakehouse_arrivals"  # one arrival sensor over every source
 SCHEDULE = f"{PIPELINE}__schedule"
 RUN_TIMEOUT_MS = 15 * 60_000
 

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from lakehouse.ingest.files import FileRef, landing_root, list_local_files
+from lakehouse.metadata.model import MetadataCatalog
 from lakehouse.runner import Platform
 
 
@@ -48,11 +49,13 @@ def make_batches(files: list[FileRef], max_files: int, max_bytes: int) -> list[A
     return out
 
 
-def poll_arrivals(platform: Platform, pipeline_id: str, stage_name: str, cursor: str | None) -> ArrivalDecision:
+def poll_arrivals(platform: Platform, pipeline_id: str, stage_name: str, cursor: str | None,
+                  catalog: MetadataCatalog | None = None) -> ArrivalDecision:
+    """`catalog`: the metadata as loaded once for a tick over many sources (default: load it now)."""
     ok, reason = platform.store.enabled(pipeline_id, stage_name)
     if not ok:
         return ArrivalDecision(skip_reason=reason, cursor=cursor)
-    catalog = platform.catalog()
+    catalog = catalog or platform.catalog()
     stage = catalog.stage(pipeline_id, stage_name)
     source = catalog.source(stage.source_id)
     return poll_source(platform, source, cursor, catalog.target(stage.target_id).identifier)

@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from fnmatch import fnmatch
@@ -71,8 +72,18 @@ def s3_client(endpoint: str | None = None, threads: int = 10):
     )
 
 
+_CLIENTS: dict[tuple[str | None, int], Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
 def client_for(source: Source, settings: Settings | None = None):
-    return s3_client(endpoint_url(source, settings), source.download_threads)
+    """One client per endpoint and pool size, shared: an arrival tick lists many sources in parallel
+    threads, and boto3 clients are thread-safe to use but not to create concurrently."""
+    key = (endpoint_url(source, settings), source.download_threads)
+    with _CLIENTS_LOCK:
+        if key not in _CLIENTS:
+            _CLIENTS[key] = s3_client(*key)
+        return _CLIENTS[key]
 
 
 def key_matches(key: str, source: Source) -> bool:

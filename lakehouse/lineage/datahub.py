@@ -29,7 +29,7 @@ from datahub.emitter import mce_builder as builder
 from datahub.emitter.mcp import MetadataChangeProposalWrapper
 from datahub.metadata import schema_classes as m
 
-from lakehouse.lineage.graph import all_edges
+from lakehouse.lineage.graph import edges_into
 from lakehouse.metadata.model import MetadataCatalog, Rule, Source, Stage, Target
 
 if TYPE_CHECKING:
@@ -209,8 +209,7 @@ def fine_grained(catalog: MetadataCatalog, edges) -> list[m.FineGrainedLineageCl
 def upstream_lineage(catalog: MetadataCatalog, dataset_id: str,
                      used_upstream: str | None = None) -> m.UpstreamLineageClass | None:
     """The default routes into a dataset (plus the upstream a rerouted run actually read)."""
-    edges = [e for e in all_edges(catalog) if e.to_dataset_id == dataset_id
-             and (e.is_default or e.from_dataset_id == used_upstream)]
+    edges = [e for e in edges_into(catalog, dataset_id) if e.is_default or e.from_dataset_id == used_upstream]
     ups = []
     for e in edges:
         u = dataset_urn(catalog, e.from_dataset_id)
@@ -236,8 +235,7 @@ def _datajob(catalog: MetadataCatalog, stage: Stage, used_upstream: str | None =
     from datahub.utilities.urns.data_flow_urn import DataFlowUrn
     from datahub.utilities.urns.dataset_urn import DatasetUrn
 
-    edges = [e for e in all_edges(catalog) if e.to_dataset_id == stage.target_id
-             and (e.is_default or e.from_dataset_id == used_upstream)]
+    edges = [e for e in edges_into(catalog, stage.target_id) if e.is_default or e.from_dataset_id == used_upstream]
     inlets = [dataset_urn(catalog, e.from_dataset_id) for e in edges]
     out = dataset_urn(catalog, stage.target_id)
     return DataJob(
@@ -339,7 +337,7 @@ def run_mcps(runner: StageRunner, outcome: StageOutcome | None, *, success: bool
     now = int(time.time() * 1000)
     out: list[MetadataChangeProposalWrapper] = []
     out.extend(flow_mcps(catalog, st.pipeline_id))
-    for up in {e.from_dataset_id for e in all_edges(catalog) if e.to_dataset_id == st.target_id}:
+    for up in {e.from_dataset_id for e in edges_into(catalog, st.target_id)}:
         if up == used_upstream or catalog.stage_for_target(up) is None:
             out.extend(dataset_mcps(runner.platform, catalog, up))
     ds = dataset_mcps(runner.platform, catalog, st.target_id)

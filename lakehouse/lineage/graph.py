@@ -13,13 +13,14 @@ so the table holds every route, and `dataset_recovery_paths` is recomputed from 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 
 import networkx as nx
 import sqlalchemy as sa
 
+from lakehouse.metadata.derive import StageDerivation
 from lakehouse.metadata.model import DatasetLineage, DatasetRecoveryPath, MetadataCatalog, Stage
 
 STAGE_PREFIX = "stage:"
@@ -28,13 +29,18 @@ _ROOT = "\x00root"
 MAX_ROUTES = 200
 
 
-def stage_upstreams(catalog: MetadataCatalog, stage: Stage) -> list[str]:
-    """Dataset ids a stage reads: its source_id and the targets behind the tables in its SQL."""
-    from lakehouse.sqlparse import tables_in_sql
-
+def stage_upstreams(catalog: MetadataCatalog, stage: Stage, derived: StageDerivation | None = None) -> list[str]:
+    """Dataset ids a stage reads: its source_id and the targets behind the tables in its SQL (from
+    what apply derived, when given: then no SQL is parsed)."""
     ups: list[str] = []
     if stage.transformation:
-        for ident in tables_in_sql(stage.transformation):
+        if derived is not None:
+            idents = derived.upstream_tables
+        else:
+            from lakehouse.sqlparse import tables_in_sql
+
+            idents = tables_in_sql(stage.transformation)
+        for ident in idents:
             t = catalog.target_by_identifier(ident)
             if t is not None:
                 ups.append(t.target_id)
@@ -43,17 +49,22 @@ def stage_upstreams(catalog: MetadataCatalog, stage: Stage) -> list[str]:
     return list(dict.fromkeys(ups))
 
 
-def stage_column_lineage(catalog: MetadataCatalog, stage: Stage) -> dict[str, dict[str, list[str]]]:
+def stage_column_lineage(catalog: MetadataCatalog, stage: Stage,
+                         derived: StageDerivation | None = None) -> dict[str, dict[str, list[str]]]:
     """{upstream dataset id: {column: [upstream columns]}} of a SQL stage ({} when not derivable)."""
     if not stage.transformation:
         return {}
-    from lakehouse.lineage.columns import column_lineage
+    from lakehouse.lineage.columns import ColumnLineage, column_lineage
     from lakehouse.sqlparse import SqlParseError
 
-    try:
-        per_table = column_lineage(stage.transformation).by_upstream()
-    except SqlParseError:
-        return {}
+    if derived is not None:
+        per_table = ColumnLineage({c: [(t, s) for t, s in pairs] for c, pairs in derived.column_lineage.items()}
+                                  ).by_upstream()
+    else:
+        try:
+            per_table = column_lineage(stage.transformation).by_upstream()
+        except SqlParseError:
+            return {}
     out = {}
     for ident, cols in per_table.items():
         t = catalog.target_by_identifier(ident)
@@ -62,12 +73,23 @@ def stage_column_lineage(catalog: MetadataCatalog, stage: Stage) -> dict[str, di
     return out
 
 
-def derived_edges(catalog: MetadataCatalog) -> list[DatasetLineage]:
-    """The lineage the stages and alternative sources imply (before explicit rows override)."""
+#: (pipeline_id, stage_name) -> what apply derived for the stage (lakehouse.metadata.derived)
+Derived = Mapping[tuple[str, str], StageDerivation]
+
+
+def derived_edges(catalog: MetadataCatalog, stages: Iterable[Stage] | None = None,
+                  derived: Derived | None = None) -> list[DatasetLineage]:
+    """The lineage the stages (all, or `stages`) and alternative sources imply (before explicit rows override)."""
+    return list(_derived_edges(catalog, catalog.stages if stages is None else stages, derived or {}).values())
+
+
+def _derived_edges(catalog: MetadataCatalog, stages: Iterable[Stage],
+                   derived: Derived) -> dict[tuple[str, str], DatasetLineage]:
     edges: dict[tuple[str, str], DatasetLineage] = {}
-    for st in catalog.stages:
-        cols = stage_column_lineage(catalog, st)
-        for up in stage_upstreams(catalog, st):
+    for st in stages:
+        d = derived.get((st.pipeline_id, st.stage_name))
+        cols = stage_column_lineage(catalog, st, d)
+        for up in stage_upstreams(catalog, st, d):
             edges[(up, st.target_id)] = DatasetLineage(
                 from_dataset_id=up, to_dataset_id=st.target_id,
                 transform_name=f"{STAGE_PREFIX}{st.pipeline_id}.{st.stage_name}", cost=1.0, is_default=True,
@@ -87,32 +109,41 @@ def derived_edges(catalog: MetadataCatalog) -> list[DatasetLineage]:
                 cost=primary.cost + 1.0, is_default=False, transformation_sql=e.transformation_sql,
                 column_lineage=e.column_lineage,
             )
-    return list(edges.values())
+    return edges
 
 
 _EDGE_CACHE: dict[int, tuple[MetadataCatalog, list[DatasetLineage]]] = {}
 
 
-def all_edges(catalog: MetadataCatalog) -> list[DatasetLineage]:
+def all_edges(catalog: MetadataCatalog, derived: Derived | None = None) -> list[DatasetLineage]:
     """Derived edges overridden by explicit dataset_lineage rows, minus stale derived rows.
 
     Memoised per catalog object (a catalog is loaded per step and not mutated): parsing every
-    stage's SQL once per step, not once per question asked about it.
+    stage's SQL once per step, not once per question asked about it. A question about one dataset
+    is `edges_into`, which parses only the SQL of the stage writing it.
     """
     hit = _EDGE_CACHE.get(id(catalog))
     if hit is not None and hit[0] is catalog:
         return hit[1]
-    edges = _all_edges(catalog)
+    edges = _merge(_derived_edges(catalog, catalog.stages, derived or {}), catalog.dataset_lineage)
     if len(_EDGE_CACHE) > 16:
         _EDGE_CACHE.clear()
     _EDGE_CACHE[id(catalog)] = (catalog, edges)
     return edges
 
 
-def _all_edges(catalog: MetadataCatalog) -> list[DatasetLineage]:
-    derived = {(e.from_dataset_id, e.to_dataset_id): e for e in derived_edges(catalog)}
+def edges_into(catalog: MetadataCatalog, dataset_id: str) -> list[DatasetLineage]:
+    """`[e for e in all_edges(catalog) if e.to_dataset_id == dataset_id]`, deriving only the stage that
+    writes `dataset_id`: what a stage's run asks about itself, at a cost that does not grow with the
+    number of pipelines."""
+    writer = catalog.stage_for_target(dataset_id)
+    derived = _derived_edges(catalog, [writer] if writer is not None else [], {})
+    return _merge(derived, [e for e in catalog.dataset_lineage if e.to_dataset_id == dataset_id])
+
+
+def _merge(derived: dict[tuple[str, str], DatasetLineage], explicit: Iterable[DatasetLineage]) -> list[DatasetLineage]:
     out = dict(derived)
-    for e in catalog.dataset_lineage:
+    for e in explicit:
         k = (e.from_dataset_id, e.to_dataset_id)
         if _is_derived(e) and k not in derived:
             continue  # a stage/alternative that no longer exists
@@ -231,11 +262,19 @@ def recovery_paths(graph: nx.DiGraph) -> list[DatasetRecoveryPath]:
 
 
 def sync(store, catalog: MetadataCatalog | None = None) -> dict[str, int]:
-    """Write every route into dataset_lineage and recompute dataset_recovery_paths (one transaction)."""
+    """Write every route into dataset_lineage and recompute dataset_recovery_paths (one transaction).
+    Each stage's tables and column lineage come from what apply derived (brought up to date first),
+    so no SQL is parsed for the stages that did not change."""
+    from lakehouse.metadata.derived import read_derived, refresh
     from lakehouse.metadata.store import TABLES
 
     catalog = catalog or store.load()
-    edges = all_edges(catalog)
+    store.create_all()
+    with store.engine.begin() as conn:
+        refresh(conn, catalog)
+        derived = read_derived(conn)
+    _EDGE_CACHE.pop(id(catalog), None)
+    edges = all_edges(catalog, derived)
     graph = build_graph(catalog)
     paths = recovery_paths(graph)
     lin_t, lin_json = TABLES["dataset_lineage"]

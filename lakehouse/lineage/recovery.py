@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from lakehouse.lineage.graph import Route, build_graph, choose, mark_availability, routes, sync
+from lakehouse.lineage.graph import Route, build_graph, choose, edges_into, mark_availability, routes, sync
 from lakehouse.metadata.model import MetadataCatalog, Source
 
 if TYPE_CHECKING:
@@ -253,8 +253,9 @@ def active_reroute(platform: Platform, run_id: str | None, dataset_id: str) -> R
 
 
 def has_alternative(catalog: MetadataCatalog, dataset_id: str, current: str | None) -> bool:
-    g = build_graph(catalog)
-    return dataset_id in g and any(p != current for p in g.predecessors(dataset_id))
+    """Is there a route into `dataset_id` other than from `current`? (Asked by every extract: only
+    the edges into it are derived, not the whole graph.)"""
+    return any(e.from_dataset_id != current for e in edges_into(catalog, dataset_id))
 
 
 def extract_with_recovery(runner: StageRunner, plan: Callable[[], Any]) -> Any:

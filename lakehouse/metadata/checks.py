@@ -15,7 +15,7 @@ against the live catalog before its first write (`lakehouse.preflight`).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from lakehouse.metadata.derive import LiveSchemas, StageColumns, derive_columns, stage_rules
@@ -61,8 +61,10 @@ def at_position(sql_file: SqlFile, stage: Stage, line: int | None, col: int | No
 
 
 def check_stages(catalog: MetadataCatalog, locate: Locate, sql_file: SqlFile, *, live: LiveSchemas | None = None,
-                 planned: set[str] | None = None, only: set[tuple[str, str]] | None = None) -> list[Problem]:
-    """Every static problem of the stages (all, or those in `only` as (pipeline_id, stage_name))."""
+                 planned: set[str] | None = None, only: set[tuple[str, str]] | None = None,
+                 upstreams: Mapping[str, list[str]] | None = None) -> list[Problem]:
+    """Every static problem of the stages (all, or those in `only` as (pipeline_id, stage_name));
+    `upstreams` as for `derive_columns` (the stored tables other stages read: their SQL is not parsed)."""
     from lakehouse.sqlparse import SqlParseError, shared_query
 
     needed = None
@@ -72,7 +74,7 @@ def check_stages(catalog: MetadataCatalog, locate: Locate, sql_file: SqlFile, *,
             if (s.pipeline_id, s.stage_name) in only:
                 needed |= {t.target_id for r in stage_rules(catalog, s) if r.type == "referential_integrity"
                            for t in catalog.targets if r.ref_dataset in (t.target_id, t.identifier)}
-    derived = derive_columns(catalog, live, planned, needed)
+    derived = derive_columns(catalog, live, planned, needed, upstreams)
     targets = {t.target_id: t for t in catalog.targets}
     sources = {s.source_id: s for s in catalog.sources}
     problems: list[Problem] = []

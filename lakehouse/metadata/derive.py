@@ -23,6 +23,7 @@ every upstream's columns are exact and the query has no construct sqlglot cannot
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -68,8 +69,26 @@ def _unknown(target_id: str, why: str) -> StageColumns:
 def stage_rules(catalog: MetadataCatalog, stage: Stage) -> list[Rule]:
     if not stage.validation_set_id:
         return []
-    rs = next((r for r in catalog.validation_rules if r.rule_set_id == stage.validation_set_id), None)
-    return rs.rules if rs is not None else []
+    try:
+        return catalog.rule_set(stage.validation_set_id).rules
+    except KeyError:
+        return []
+
+
+def _source(catalog: MetadataCatalog, source_id: str | None):
+    """The source row named by `source_id`, or None (a stage may name another stage's target)."""
+    try:
+        return catalog.source(source_id) if source_id else None
+    except KeyError:
+        return None
+
+
+def _iceberg_target(catalog: MetadataCatalog, target_id: str | None):
+    try:
+        t = catalog.target(target_id) if target_id else None
+    except KeyError:
+        return None
+    return t if t is not None and t.kind == "iceberg" else None
 
 
 def stage_upstreams(catalog: MetadataCatalog, stage: Stage) -> list[str]:
@@ -81,21 +100,23 @@ def stage_upstreams(catalog: MetadataCatalog, stage: Stage) -> list[str]:
             return tables_in_tree(shared_query(stage.transformation))
         except SqlParseError:
             return []
-    src = next((s for s in catalog.sources if s.source_id == stage.source_id), None)
+    src = _source(catalog, stage.source_id)
     if src is not None:
         return [src.table_identifier.lower()] if src.kind == "iceberg" and src.table_identifier else []
-    tgt = next((t for t in catalog.targets if t.target_id == stage.source_id and t.kind == "iceberg"), None)
+    tgt = _iceberg_target(catalog, stage.source_id)
     return [tgt.identifier.lower()] if tgt is not None else []
 
 
 def derive_columns(catalog: MetadataCatalog, live: LiveSchemas | None = None,
-                   planned: set[str] | None = None, needed: set[str] | None = None) -> dict[str, StageColumns]:
+                   planned: set[str] | None = None, needed: set[str] | None = None,
+                   upstreams: Mapping[str, list[str]] | None = None) -> dict[str, StageColumns]:
     """{target_id: StageColumns} for every stage whose target is an iceberg target.
 
     `live`: schemas of tables that exist now. `planned`: target ids a run is about to write; a
     table outside it is read as it is (its live schema wins), one inside it as the metadata says.
     `needed`: only these targets (and what they read, transitively) — a run's check then reads the
-    live schema of its own tables only.
+    live schema of its own tables only. `upstreams`: target id -> the tables its stage reads, as
+    apply stored them (StageDerivation.upstream_tables), so that those stages' SQL is not parsed.
     """
     import networkx as nx
 
@@ -109,7 +130,8 @@ def derive_columns(catalog: MetadataCatalog, live: LiveSchemas | None = None,
     graph = nx.DiGraph()
     for s in stages:
         graph.add_node(s.target_id)
-        for ident in stage_upstreams(catalog, s):
+        known = upstreams.get(s.target_id) if upstreams is not None else None
+        for ident in (known if known is not None else stage_upstreams(catalog, s)):
             if ident in producer:
                 graph.add_edge(producer[ident].target_id, s.target_id)
     try:
@@ -148,9 +170,9 @@ def _input_columns(catalog: MetadataCatalog, stage: Stage, table) -> StageColumn
     tid = stage.target_id
     if stage.transformation:
         return sql_columns(tid, stage.transformation, table)
-    src = next((s for s in catalog.sources if s.source_id == stage.source_id), None)
+    src = _source(catalog, stage.source_id)
     if src is None:  # a source_id naming another stage's target: SELECT * of it
-        tgt = next((t for t in catalog.targets if t.target_id == stage.source_id and t.kind == "iceberg"), None)
+        tgt = _iceberg_target(catalog, stage.source_id)
         up = table(tgt.identifier.lower()) if tgt is not None else None
         if up is None or up.unknown:
             return _unknown(tid, f"it reads {stage.source_id!r}, whose columns are not known before its first load")
@@ -271,3 +293,166 @@ def _list_columns(schema: dict[str, dict[str, dict[str, str]]]) -> str:
         for name, cols in tables.items():
             parts.append(f"{db}.{name}: {', '.join(cols)}")
     return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------- derived once, at apply
+#
+# What the definitions need from a stage's SQL and rules — the tables it reads, its column lineage,
+# its output columns and its check specs — is derived by `metadata apply` and stored with the
+# metadata (`lakehouse.metadata.derived`, table `derived_stages`), so that loading the definitions
+# parses no SQL. Each stage's row carries two hashes: `inputs_hash` of the rows its derivation reads
+# (the stage, its target, its source, its rule set; as stored), and `fingerprint`, which adds the
+# columns of the tables it reads. A re-apply derives again only the stages whose fingerprint moved:
+# an edited SQL file re-derives its stage, and a downstream stage only if the columns it reads changed.
+
+#: bump when what is derived, or how, changes: every stage is then derived again at the next apply
+DERIVATION_VERSION = "1"
+
+
+@dataclass
+class StageDerivation:
+    """What apply derives for one stage (plain data: stored as JSON, compared as values)."""
+
+    pipeline_id: str
+    stage_name: str
+    target_id: str
+    inputs_hash: str = ""
+    fingerprint: str = ""
+    #: tables (db.table, lower case) the stage reads: its SQL's, or the iceberg table its source names
+    upstream_tables: list[str] = field(default_factory=list)
+    #: output column -> [[table it reads, column], ...], from the SQL (sqlglot lineage); {} without SQL
+    column_lineage: dict[str, list[list[str]]] = field(default_factory=dict)
+    lineage_note: str | None = None  # why (part of) the column lineage could not be derived
+    columns: StageColumns | None = None  # output columns from the metadata alone (no live schemas)
+    #: one per rule of the stage's rule set: name, description, blocking, metadata
+    check_specs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.pipeline_id, self.stage_name
+
+
+def row_digest(row: Mapping[str, Any]) -> str:
+    """Digest of one control-DB row as stored (JSON fields as their stored text). Unset (NULL)
+    fields are left out, so a column added by an upgrade does not make every row look changed."""
+    import hashlib
+    import json
+
+    canon = json.dumps({k: v for k, v in row.items() if v is not None}, sort_keys=True, default=str)
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+#: (section, key) -> row_digest of the row as stored
+Digests = Mapping[tuple[str, tuple], str]
+
+
+@functools.cache
+def _sqlglot_version() -> str:
+    """Lineage and columns come from sqlglot: an upgrade derives every stage again (read from the
+    installed distribution, so that loading the definitions does not import sqlglot)."""
+    from importlib.metadata import version
+
+    return version("sqlglot")
+
+
+def stage_inputs_hash(catalog: MetadataCatalog, stage: Stage, digests: Digests) -> str:
+    """Hash of every row the stage's own derivation reads (and of the deriving code's version)."""
+    import hashlib
+
+    parts = [DERIVATION_VERSION, _sqlglot_version(), digests.get(("stages", stage.key()), "-"),
+             digests.get(("targets", (stage.target_id,)), "-")]
+    if stage.source_id:
+        section = "sources" if ("sources", (stage.source_id,)) in digests else "targets"
+        parts.append(digests.get((section, (stage.source_id,)), "-"))
+    if stage.validation_set_id:
+        parts.append(digests.get(("validation_rules", (stage.validation_set_id,)), "-"))
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()
+
+
+def stage_check_specs(catalog: MetadataCatalog, stage: Stage) -> list[dict[str, Any]]:
+    """The asset check of each rule of the stage, as plain data."""
+    from lakehouse.validation.rules import describe
+
+    return [{"name": r.name, "description": r.description or f"{r.type} ({r.severity}, action {r.action})",
+             "blocking": r.severity == "error",
+             "metadata": {"rule_type": r.type, "severity": r.severity, "action": r.action, "enabled": r.enabled,
+                          "rule_expression": describe(r)}}
+            for r in stage_rules(catalog, stage)]
+
+
+def stage_column_lineage(stage: Stage) -> tuple[dict[str, list[list[str]]], str | None]:
+    """({output column: [[table, column], ...]}, note) from the stage's SQL; the note says what is
+    missing (a star without known columns, SQL sqlglot cannot read) instead of leaving it out silently."""
+    if not stage.transformation:
+        return {}, None
+    from lakehouse.lineage.columns import column_lineage
+    from lakehouse.sqlparse import SqlParseError
+
+    try:
+        cl = column_lineage(stage.transformation)
+    except SqlParseError as exc:
+        return {}, f"no column lineage: {exc}"
+    note = (f"column lineage not derivable for {', '.join(sorted(set(cl.unresolved)))} (a * over columns the SQL "
+            "does not name)") if cl.unresolved else None
+    # sorted: sqlglot's walk does not always meet a column's sources in the same order
+    return {col: sorted([t, c] for t, c in pairs) for col, pairs in cl.columns.items()}, note
+
+
+def derive_stages(catalog: MetadataCatalog, digests: Digests,
+                  previous: Mapping[tuple[str, str], StageDerivation] | None = None) -> dict[tuple[str, str],
+                                                                                            StageDerivation]:
+    """{(pipeline_id, stage_name): StageDerivation} of every stage, reusing each `previous` row whose
+    fingerprint still matches (no SQL is parsed for those)."""
+    import hashlib
+    import json
+
+    import networkx as nx
+
+    previous = previous or {}
+    targets = {t.target_id: t for t in catalog.targets}
+    stages = [s for s in catalog.stages if s.target_id in targets]
+    producer = {targets[s.target_id].identifier.lower(): s for s in stages if targets[s.target_id].kind == "iceberg"}
+    own: dict[tuple[str, str], str] = {}
+    reads: dict[tuple[str, str], list[str]] = {}
+    graph = nx.DiGraph()
+    for s in stages:
+        k = (s.pipeline_id, s.stage_name)
+        own[k] = stage_inputs_hash(catalog, s, digests)
+        old = previous.get(k)
+        reads[k] = list(old.upstream_tables) if old is not None and old.inputs_hash == own[k] else \
+            stage_upstreams(catalog, s)
+        graph.add_node(k)
+        for ident in reads[k]:
+            up = producer.get(ident)
+            if up is not None:
+                graph.add_edge((up.pipeline_id, up.stage_name), k)
+    try:
+        order = list(nx.topological_sort(graph))
+    except nx.NetworkXUnfeasible:  # a cycle (reported by the reference checks): derive without an order
+        order = list(graph.nodes)
+    by_key = {(s.pipeline_id, s.stage_name): s for s in stages}
+    out: dict[tuple[str, str], StageDerivation] = {}
+
+    def columns_of(ident: str) -> StageColumns | None:
+        st = producer.get(ident)
+        d = out.get((st.pipeline_id, st.stage_name)) if st is not None else None
+        return d.columns if d is not None else None
+
+    for k in order:
+        stage = by_key[k]
+        seen = [[i, (c.to_dict() if (c := columns_of(i)) is not None else None)] for i in reads[k]]
+        fingerprint = hashlib.sha256((own[k] + json.dumps(seen, sort_keys=True)).encode()).hexdigest()
+        old = previous.get(k)
+        if old is not None and old.fingerprint == fingerprint:
+            out[k] = old
+            continue
+        if old is not None and old.inputs_hash == own[k]:  # only what it reads changed: its SQL is the same
+            lineage, note = old.column_lineage, old.lineage_note
+        else:
+            lineage, note = stage_column_lineage(stage)
+        cols = None
+        if targets[stage.target_id].kind == "iceberg":
+            cols = _after_write(catalog, stage, _input_columns(catalog, stage, columns_of), None)
+        out[k] = StageDerivation(stage.pipeline_id, stage.stage_name, stage.target_id, own[k], fingerprint,
+                                 reads[k], lineage, note, cols, stage_check_specs(catalog, stage))
+    return out

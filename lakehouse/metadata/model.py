@@ -12,7 +12,7 @@ import re
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 # Identifiers end up in Iceberg table names, Dagster keys and pool names: keep them boring.
 IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -611,44 +611,61 @@ class MetadataCatalog(BaseModel):
     applications: list[Application] = Field(default_factory=list)
     platform_settings: list[PlatformSetting] = Field(default_factory=list)
 
+    # {name: (the list it indexes, its length, {key: row})}: lookups in O(1) at thousands of rows;
+    # rebuilt when a section's list is replaced or changes length (rows are never edited in place)
+    _indexes: dict[str, tuple[list, int, dict]] = PrivateAttr(default_factory=dict)
+
+    def _index(self, name: str, section: str, key, many: bool = False) -> dict:
+        rows = getattr(self, section)
+        hit = self._indexes.get(name)
+        if hit is None or hit[0] is not rows or hit[1] != len(rows):
+            index: dict = {}
+            for r in rows:
+                k = key(r)
+                if k is None:
+                    continue
+                if many:
+                    index.setdefault(k, []).append(r)
+                else:
+                    index.setdefault(k, r)  # the first row wins, as a scan would find it
+            hit = (rows, len(rows), index)
+            self._indexes[name] = hit
+        return hit[2]
+
     # ---- lookups
     def pipeline(self, pipeline_id: str) -> Pipeline:
-        return _find(self.pipelines, "pipeline", pipeline_id)
+        return _find(self.pipelines, "pipeline", pipeline_id, self._index("pipeline", "pipelines", _key1))
 
     def source(self, source_id: str) -> Source:
-        return _find(self.sources, "source", source_id)
+        return _find(self.sources, "source", source_id, self._index("source", "sources", _key1))
 
     def target(self, target_id: str) -> Target:
-        return _find(self.targets, "target", target_id)
+        return _find(self.targets, "target", target_id, self._index("target", "targets", _key1))
 
     def rule_set(self, rule_set_id: str) -> ValidationRuleSet:
-        return _find(self.validation_rules, "validation rule set", rule_set_id)
+        return _find(self.validation_rules, "validation rule set", rule_set_id,
+                     self._index("rule_set", "validation_rules", _key1))
 
     def retry_policy(self, retry_id: str) -> RetryPolicy:
         return _find(self.retry_policies, "retry policy", retry_id)
 
     def stages_of(self, pipeline_id: str) -> list[Stage]:
-        return sorted((s for s in self.stages if s.pipeline_id == pipeline_id), key=lambda s: s.stage_order)
+        stages = self._index("stages_of", "stages", lambda s: s.pipeline_id, many=True).get(pipeline_id, [])
+        return sorted(stages, key=lambda s: s.stage_order)
 
     def stage(self, pipeline_id: str, stage_name: str) -> Stage:
-        for s in self.stages:
-            if s.pipeline_id == pipeline_id and s.stage_name == stage_name:
-                return s
+        s = self._index("stage", "stages", lambda s: (s.pipeline_id, s.stage_name)).get((pipeline_id, stage_name))
+        if s is not None:
+            return s
         names = [s.stage_name for s in self.stages_of(pipeline_id)]
         raise KeyError(f"unknown stage {stage_name!r} of pipeline {pipeline_id!r}; known: {names}")
 
     def stage_for_target(self, target_id: str) -> Stage | None:
-        for s in self.stages:
-            if s.target_id == target_id:
-                return s
-        return None
+        return self._index("stage_for_target", "stages", lambda s: s.target_id).get(target_id)
 
     def target_by_identifier(self, identifier: str) -> Target | None:
-        ident = identifier.lower()
-        for t in self.targets:
-            if t.kind == "iceberg" and t.identifier.lower() == ident:
-                return t
-        return None
+        return self._index("target_by_identifier", "targets",
+                           lambda t: t.identifier.lower() if t.kind == "iceberg" else None).get(identifier.lower())
 
     def application(self, application_id: str) -> Application:
         return _find(self.applications, "application", application_id.lower())
@@ -660,9 +677,17 @@ class MetadataCatalog(BaseModel):
         return default
 
 
-def _find(rows: list, what: str, key: str):
-    for r in rows:
-        if r.key() == (key,):
-            return r
+def _key1(row: Entity):
+    return row.key()[0]
+
+
+def _find(rows: list, what: str, key: str, index: dict | None = None):
+    if index is not None:
+        if key in index:
+            return index[key]
+    else:
+        for r in rows:
+            if r.key() == (key,):
+                return r
     known = sorted(str(r.key()[0]) for r in rows)
     raise KeyError(f"unknown {what} {key!r}; known: {known}")

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from lakehouse.metadata.loader import LoadedMetadata, Origin, build_catalog
 from lakehouse.metadata.model import SECTIONS, AuditLogEntry, ControlFlag, Entity, MetadataCatalog
-from lakehouse.sqlite_files import BUSY_TIMEOUT_S, prepare_sqlite
+from lakehouse.sqlite_files import BUSY_TIMEOUT_S, prepare_sqlite, sqlite_path
 
 log = logging.getLogger(__name__)
 metadata_obj = sa.MetaData()
@@ -92,6 +92,24 @@ audit_log = sa.Table(
     sa.Index("ix_audit_pipeline_ts", "pipeline_id", "ts"),
 )
 
+# What `apply` derives per stage from its SQL and rules (lakehouse.metadata.derived): read when the
+# definitions are built, so that loading them parses no SQL. JSON columns hold plain data.
+derived_stages = sa.Table(
+    "derived_stages",
+    metadata_obj,
+    sa.Column("pipeline_id", sa.String(255), primary_key=True),
+    sa.Column("stage_name", sa.String(255), primary_key=True),
+    sa.Column("target_id", sa.String(255), nullable=False),
+    sa.Column("inputs_hash", sa.String(64), nullable=False),
+    sa.Column("fingerprint", sa.String(64), nullable=False),
+    sa.Column("upstream_tables", sa.Text),
+    sa.Column("column_lineage", sa.Text),
+    sa.Column("lineage_note", sa.Text),
+    sa.Column("output_columns", sa.Text),
+    sa.Column("check_specs", sa.Text),
+    sa.Column("derived_at", sa.DateTime(timezone=True), nullable=False),
+)
+
 
 def add_missing_columns(engine: sa.Engine, meta: sa.MetaData) -> list[str]:
     """ALTER TABLE ... ADD COLUMN (through Alembic's operations, which quote names) for every
@@ -150,7 +168,9 @@ class MetadataStore:
         self.url = url
         if url not in self._engines:
             if url.startswith("sqlite:///"):
-                prepare_sqlite(url)
+                path = sqlite_path(url)
+                if path is not None and path.exists():  # a missing file is created (WAL) by create_all:
+                    prepare_sqlite(url)  # constructing a store to read must not create a database
                 engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S})
             else:
                 from lakehouse.outage import install_connect_hook
@@ -172,6 +192,7 @@ class MetadataStore:
         key = str(self.engine.url)
         if key in self._ready:
             return
+        prepare_sqlite(self.url)
         create_tables(metadata_obj, self.engine)
         add_missing_columns(self.engine, metadata_obj)
         self._ready.add(key)
@@ -186,26 +207,51 @@ class MetadataStore:
                         what=what, role="control DB")
 
     # ------------------------------------------------------------------ read
-    def load(self) -> MetadataCatalog:
-        """Every metadata row, validated. Also tells lakehouse.outage the window to ride out
-        outages with, so that the last operational metadata read governs the next outage."""
+    #: (section, row as stored) -> its validated entity. Every step of a run loads the catalog; at
+    #: thousands of pipelines validating every row each time costs far more than reading them, and
+    #: a row that is what it was is the entity it was (entities are never edited in place).
+    _entities: dict[tuple, Entity] = {}
+
+    @classmethod
+    def entity(cls, section: str, row: typing.Mapping[str, Any]) -> Entity:
+        """The entity of one row as stored (JSON fields as text), validated once per process."""
+        return cls._entity(section, tuple(row.keys()), tuple(row.values()))
+
+    @classmethod
+    def _entity(cls, section: str, names: tuple[str, ...], values: tuple) -> Entity:
+        memo = (section, names, values)
+        hit = cls._entities.get(memo)
+        if hit is None:
+            _, json_cols = TABLES[section]
+            d = {k: (json.loads(v) if k in json_cols else v) for k, v in zip(names, values, strict=True)
+                 if v is not None}
+            hit = SECTIONS[section].model_validate(d)
+            if len(cls._entities) > 1_000_000:
+                cls._entities.clear()
+            cls._entities[memo] = hit
+        return hit
+
+    def load(self, sections: Iterable[str] | None = None) -> MetadataCatalog:
+        """The catalog as stored now (every row read on every call); `sections`: only these tables.
+        Also tells lakehouse.outage the window to ride out outages with, so that the last
+        operational metadata read governs the next outage."""
         from lakehouse.outage import SETTING_KEY, set_window
 
-        catalog = self._ride_out("reading metadata", self._load)
-        set_window(catalog.setting(SETTING_KEY))
+        sections = None if sections is None else tuple(sections)
+        catalog = self._ride_out("reading metadata", lambda: self._load(sections))
+        if sections is None or "platform_settings" in sections:
+            set_window(catalog.setting(SETTING_KEY))
         return catalog
 
-    def _load(self) -> MetadataCatalog:
+    def _load(self, sections: Iterable[str] | None = None) -> MetadataCatalog:
         self.create_all()
         data: dict[str, list] = {}
         with self.engine.connect() as conn:
-            for section, (table, json_cols) in TABLES.items():
-                model = SECTIONS[section]
-                rows = []
-                for r in conn.execute(sa.select(table)).mappings():
-                    d = {k: (json.loads(v) if k in json_cols and v is not None else v) for k, v in r.items()}
-                    d = {k: v for k, v in d.items() if v is not None}
-                    rows.append(model.model_validate(d))
+            for section in (SECTIONS if sections is None else sections):
+                table, _ = TABLES[section]
+                result = conn.execute(sa.select(table))
+                names = tuple(result.keys())
+                rows = [self._entity(section, names, tuple(r)) for r in result]
                 data[section] = sorted(rows, key=lambda e: tuple(str(x) for x in e.key()))
         return MetadataCatalog(**data)
 
@@ -230,7 +276,7 @@ class MetadataStore:
             for e in getattr(incoming.catalog, section):
                 by_key[e.key()] = (e, incoming.origins.get((section, e.key()), Origin("input", section)))
             merged_rows[section] = list(by_key.values())
-        build_catalog(merged_rows, live=live)  # raises MetadataError naming file and key path
+        merged = build_catalog(merged_rows, live=live).catalog  # raises MetadataError naming file and key path
         counts: dict[str, int] = {}
         with self.engine.begin() as conn:
             for section, (table, json_cols) in TABLES.items():
@@ -241,6 +287,10 @@ class MetadataStore:
                 for e in entities:
                     self._upsert(conn, table, json_cols, model, e)
                 counts[section] = len(entities)
+            from lakehouse.metadata.derived import refresh
+
+            # in the same transaction: the derived rows never disagree with the metadata they come from
+            counts["derived_stages"] = len(refresh(conn, merged).rederived)
         return counts
 
     @staticmethod
@@ -261,11 +311,19 @@ class MetadataStore:
         """Write operational rows (flags, profiles, throttles...) without re-validating the catalog."""
         self.create_all()
         section_of = {m: s for s, m in SECTIONS.items()}
+        touched: set[str] = set()
         with self.engine.begin() as conn:
             for e in entities:
                 section = section_of[type(e)]
                 table, json_cols = TABLES[section]
                 self._upsert(conn, table, json_cols, type(e), e)
+                touched.add(section)
+        from lakehouse.metadata.derived import INPUT_SECTIONS, refresh
+
+        if touched & INPUT_SECTIONS:  # a stage, target, source or rule set changed: re-derive what it touches
+            catalog = self.load()
+            with self.engine.begin() as conn:
+                refresh(conn, catalog)
 
     # ------------------------------------------------------------------ control flags
     def set_enabled(self, entity_type: str, entity_id: str, enabled: bool, by: str | None = None) -> None:

@@ -1,0 +1,348 @@
+"""Thousands of pipelines (issue 22): what each step costs at N = 1, 100, 1,000 pipelines, against N = 1.
+
+The demo pipeline (3 stages, 7 rules, a landing-zone source) is copied N times; pipeline 0 is the
+small pipeline that runs. For each N, in its own LAKEHOUSE_HOME:
+
+  apply      `lakehouse metadata apply` of the N pipelines into an empty control DB (and `reapply`:
+             the same after one SQL file changed, which derives one stage again)
+  build      `build_definitions()` + `resolve_asset_graph()` in a fresh process (the issue's measure)
+  codeserver what a code server does on (re)load: the whole repository (`load_all_definitions`) and
+             its snapshot for the UI (`RepositorySnap.from_def(defer_snapshots=True)`)
+  worker     what a launched run worker does before its first step: load pipeline 0's job
+  tick       one evaluation of the arrival sensor over the N sources (one new file in one of them)
+  run        `lakehouse run <pipeline 0>` on a fresh 100-row file: the whole process, Spark included
+  ui         (--ui) `dagster dev` on the home: start-up, a reload after an apply until the change is
+             visible, and the render time of the global lineage page, the `silver` group page
+             (N assets) and the asset catalog (4N+ assets) in headless Chromium
+
+Timed steps run in fresh processes and are interleaved across N (round 1 of every N, then round
+2, ...), so machine load falls on every N alike; each cell is the median wall time, with the CPU
+time of the process in brackets (the CPU time moves less when other work shares the machine).
+
+    .venv/bin/python bench/bench_scale.py                          # N = 1, 100, 1000; 3 rounds; no UI
+    .venv/bin/python bench/bench_scale.py --sizes 1,1000 --ui      # with the browser
+    .venv/bin/python bench/bench_scale.py --skip run --repeat 5    # without Spark
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+PY = sys.executable
+LAKEHOUSE = str(Path(PY).with_name("lakehouse"))
+STEPS = ("apply", "reapply", "build", "codeserver", "worker", "tick", "run")
+GOALS = {"build": "<= 5 s at N=1000", "worker": "run overhead <= 1.1x", "run": "<= 1.1x", "reload": "<= 10 s"}
+
+
+def pipeline_id(i: int) -> str:
+    return f"user_events_etl_{i:04d}"
+
+
+def generate(out: Path, n: int) -> None:
+    """The demo pipeline copied n times (same rules), SQL in one file per stage."""
+    demo = yaml.safe_load((REPO / "metadata" / "demo" / "user_events.yaml").read_text())
+    silver = (REPO / "metadata" / "demo" / "sql" / "silver_user_events.sql").read_text()
+    gold = (REPO / "metadata" / "demo" / "sql" / "gold_daily_user_events.sql").read_text()
+    (out / "sql").mkdir(parents=True, exist_ok=True)
+    doc: dict = {"pipelines": [], "sources": [], "targets": [], "stages": [],
+                 "validation_rules": demo["validation_rules"], "retry_policies": demo["retry_policies"]}
+    for i in range(n):
+        s = f"{i:04d}"
+        p = dict(demo["pipelines"][0], pipeline_id=pipeline_id(i))
+        src = dict(demo["sources"][0], source_id=f"user_events_raw_{s}", path=f"user_events_{s}")
+        doc["pipelines"].append(p)
+        doc["sources"].append(src)
+        doc["targets"] += [dict(t, target_id=f"{t['target_id']}_{s}", table=f"{t['table']}_{s}")
+                           for t in demo["targets"]]
+        (out / "sql" / f"silver_{s}.sql").write_text(silver.replace("bronze.user_events", f"bronze.user_events_{s}"))
+        (out / "sql" / f"gold_{s}.sql").write_text(gold.replace("silver.user_events", f"silver.user_events_{s}"))
+        for st in demo["stages"]:
+            row = dict(st, pipeline_id=p["pipeline_id"], target_id=f"{st['target_id']}_{s}")
+            if "source_id" in row:
+                row["source_id"] = src["source_id"]
+            if "transformation_file" in row:
+                row["transformation_file"] = f"sql/{'silver' if 'silver' in row['transformation_file'] else 'gold'}_{s}.sql"
+            doc["stages"].append(row)
+    (out / "pipelines.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def env_for(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAKEHOUSE_", "DAGSTER_"))}
+    env.update(LAKEHOUSE_HOME=str(home), DAGSTER_HOME=str(home / "dagster_home"), LAKEHOUSE_SPARK_MASTER="local[2]",
+               LAKEHOUSE_SHUFFLE_PARTITIONS="2", PYTHONUNBUFFERED="1")
+    return env
+
+
+def timed(cmd: list[str], env: dict[str, str], timeout: float = 3600) -> tuple[float, float, str]:
+    """(wall s, CPU s of the child, stdout) of one process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    wall = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode not in (0, 3):  # lakehouse run: 3 = success with warnings
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, proc.stdout
+
+
+BUILD = """
+import json, time
+t0 = time.perf_counter(); c0 = time.process_time()
+from lakehouse_assets.definitions import build_definitions
+t1 = time.perf_counter(); c1 = time.process_time()
+graph = build_definitions().resolve_asset_graph()
+t2 = time.perf_counter(); c2 = time.process_time()
+print(json.dumps({"wall": t2 - t1, "cpu": c2 - c1, "import": t1 - t0, "assets": len(graph.get_all_asset_keys())}))
+"""
+
+CODESERVER = """
+import json, time
+t0 = time.perf_counter(); c0 = time.process_time()
+from dagster._core.remote_representation.external_data import RepositorySnap
+from dagster._serdes import serialize_value
+from lakehouse_assets.definitions import defs
+defs.load_all_definitions()
+snap = serialize_value(RepositorySnap.from_def(defs, defer_snapshots=True))
+print(json.dumps({"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0, "mb": len(snap) / 1e6,
+                  "jobs": len(defs.job_names)}))
+"""
+
+WORKER = """
+import json, sys, time
+t0 = time.perf_counter(); c0 = time.process_time()
+from dagster._core.definitions.reconstruct import ReconstructableRepository
+repo = ReconstructableRepository.for_module("lakehouse_assets.definitions", "defs", working_directory=sys.argv[2])
+job = repo.get_reconstructable_job(sys.argv[1]).get_definition()
+print(json.dumps({"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0,
+                  "assets": len(job.asset_layer.selected_asset_keys)}))
+"""
+
+TICK = """
+import json, sys, time
+from pathlib import Path
+import dagster as dg
+from lakehouse.demo import generate_user_events
+from lakehouse_assets.definitions import build_definitions
+from lakehouse.runner import Platform
+from sensors.arrivals import SENSOR_NAME
+defs = build_definitions()
+sensor = defs.get_sensor_def(SENSOR_NAME)
+instance = dg.DagsterInstance.ephemeral()
+def tick(cursor):
+    t0 = time.perf_counter(); c0 = time.process_time()
+    r = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+    return r, time.perf_counter() - t0, time.process_time() - c0
+first, _, _ = tick(None)  # the first tick observes every source once
+landing = Platform.from_env().settings.landing_dir / "user_events_0000" / f"tick_{time.time_ns()}"
+generate_user_events(landing, rows=10, files=1, seed=3)
+second, wall, cpu = tick(first.cursor)
+print(json.dumps({"wall": wall, "cpu": cpu, "runs": len(second.run_requests),
+                  "observations": len(second.asset_events or [])}))
+"""
+
+
+def child_json(code: str, env: dict[str, str], *args: str) -> dict:
+    _, _, out = timed([PY, "-c", code, *args], env)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def prepare(work: Path, n: int) -> tuple[Path, Path, dict]:
+    home = work / f"n{n}"
+    meta = home / "metadata"
+    generate(meta, n)
+    (home / "dagster_home").mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "deploy" / "dagster.dev.yaml", home / "dagster_home" / "dagster.yaml")
+    for i in range(n):  # every landing zone exists (the tick lists them all)
+        (home / "landing" / f"user_events_{i:04d}").mkdir(parents=True, exist_ok=True)
+    return home, meta, env_for(home)
+
+
+def apply_step(meta: Path, env: dict) -> tuple[float, float]:
+    wall, cpu, _ = timed([LAKEHOUSE, "metadata", "apply", str(meta)], env)
+    return wall, cpu
+
+
+def reapply_step(meta: Path, env: dict, k: int) -> tuple[float, float]:
+    """Change one SQL file (pipeline 0's silver filter) and apply again: one stage derived again."""
+    f = meta / "sql" / "silver_0000.sql"
+    f.write_text(f.read_text().split("\n-- edit")[0] + f"\n-- edit {k}\n")
+    wall, cpu, out = timed([LAKEHOUSE, "metadata", "apply", str(meta)], env)
+    assert "derived: 1 stage(s)" in out, out
+    return wall, cpu
+
+
+def run_step(home: Path, env: dict, k: int) -> tuple[float, float]:
+    from lakehouse.demo import generate_user_events
+
+    generate_user_events(home / "landing" / "user_events_0000" / f"run_{k}", rows=100, files=1, seed=100 + k)
+    wall, cpu, _ = timed([LAKEHOUSE, "run", pipeline_id(0)], env)
+    return wall, cpu
+
+
+def fmt(vals: list[tuple[float, float]]) -> str:
+    if not vals:
+        return "—"
+    return f"{statistics.median(v[0] for v in vals):.2f} s ({statistics.median(v[1] for v in vals):.2f})"
+
+
+def ratio(vals: list[tuple[float, float]], base: list[tuple[float, float]]) -> str:
+    if not vals or not base:
+        return "—"
+    w = statistics.median(v[0] for v in vals) / statistics.median(v[0] for v in base)
+    c = statistics.median(v[1] for v in vals) / statistics.median(v[1] for v in base)
+    return f"{w:.2f}x ({c:.2f}x)"
+
+
+def ui_step(home: Path, env: dict, n: int) -> dict[str, float]:
+    """dagster dev on the home: start-up, reload after an apply, page renders in headless Chromium."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.fixtures.dagster_dev import CHROMIUM, CHROMIUM_ARGS, _wait_ready, free_port, stop_process_group
+
+    out: dict[str, float] = {}
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = (home / "dagster_dev.log").open("w")
+    t0 = time.monotonic()
+    proc = subprocess.Popen([str(Path(PY).with_name("dagster")), "dev", "-w", str(REPO / "workspace.yaml"),
+                             "-h", "127.0.0.1", "-p", str(port)], cwd=REPO, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_ready(url, proc, home / "dagster_dev.log", timeout=1800)
+        out["ui start"] = time.monotonic() - t0
+
+        def gql(query: str, variables: dict | None = None) -> dict:
+            import urllib.request
+
+            req = urllib.request.Request(f"{url}/graphql", json.dumps({"query": query, "variables": variables or {}})
+                                         .encode(), {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=600) as resp:
+                return json.loads(resp.read())["data"]
+
+        gql("mutation { setNuxSeen }")
+        # a change an operator makes: pipeline 0's silver stage gets a new description; apply; reload
+        marker = f"described at {time.time_ns()}"
+        meta = home / "metadata" / "pipelines.yaml"
+        doc = yaml.safe_load(meta.read_text())
+        next(s for s in doc["stages"] if s["pipeline_id"] == pipeline_id(0) and s["layer"] == "silver")[
+            "description"] = marker
+        meta.write_text(yaml.safe_dump(doc, sort_keys=False))
+        timed([LAKEHOUSE, "metadata", "apply", str(meta)], env)
+        t1 = time.monotonic()
+        gql('mutation { reloadRepositoryLocation(repositoryLocationName: "lakehouse") { __typename } }')
+        query = ('{ assetNodeOrError(assetKey: {path: ["silver", "user_events_0000"]}) '
+                 '{ ... on AssetNode { description } } }')
+        while marker not in (gql(query)["assetNodeOrError"] or {}).get("description", ""):
+            if time.monotonic() - t1 > 1800:
+                raise TimeoutError("the reload never showed the change")
+            time.sleep(0.5)
+        out["reload"] = time.monotonic() - t1
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            page = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()
+            page.set_default_timeout(1_800_000)
+            pages = {"lineage page": ("/asset-groups", "silver"),
+                     "silver group page": ("/locations/lakehouse/asset-groups/silver", "user_events_0000"),
+                     "asset catalog": ("/assets", "user_events_0000")}
+            for name, (path, text) in pages.items():
+                t2 = time.monotonic()
+                page.goto(url + path)
+                page.get_by_text(text, exact=True).first.wait_for(state="visible")
+                out[name] = time.monotonic() - t2
+            browser.close()
+    finally:
+        stop_process_group(proc)
+        log.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1,100,1000")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--skip", default="", help=f"comma-separated steps to leave out, of {', '.join(STEPS)}")
+    ap.add_argument("--ui", action="store_true", help="also time dagster dev and the pages in headless Chromium")
+    ap.add_argument("--keep", action="store_true", help="keep the homes (printed) for a look afterwards")
+    args = ap.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",")]
+    skip = {s for s in args.skip.split(",") if s}
+    work = Path(tempfile.mkdtemp(prefix="bench_scale_"))
+    res: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    notes: dict[int, dict] = {}
+    try:
+        homes = {}
+        for n in sizes:
+            homes[n] = prepare(work, n)
+            home, meta, env = homes[n]
+            print(f"N={n}: {n} pipelines, {4 * n} assets under {home}", flush=True)
+            res[("apply", n)] = [apply_step(meta, env)]  # into an empty control DB: once
+            print(f"  apply {fmt(res[('apply', n)])}", flush=True)
+        for r in range(args.repeat):
+            for n in sizes:
+                home, meta, env = homes[n]
+                row = []
+                if "reapply" not in skip:
+                    res.setdefault(("reapply", n), []).append(reapply_step(meta, env, r))
+                    row.append(f"reapply {fmt(res[('reapply', n)][-1:])}")
+                for step, code, extra in (("build", BUILD, ()), ("codeserver", CODESERVER, ()),
+                                          ("worker", WORKER, (f"{pipeline_id(0)}_job", str(REPO))),
+                                          ("tick", TICK, ())):
+                    if step in skip:
+                        continue
+                    d = child_json(code, env, *extra)
+                    res.setdefault((step, n), []).append((d["wall"], d["cpu"]))
+                    notes.setdefault(n, {}).update({f"{step}_{k}": v for k, v in d.items() if k not in ("wall", "cpu")})
+                    row.append(f"{step} {d['wall']:.2f} s ({d['cpu']:.2f})")
+                if "run" not in skip:
+                    res.setdefault(("run", n), []).append(run_step(home, env, r))
+                    row.append(f"run {fmt(res[('run', n)][-1:])}")
+                print(f"  round {r + 1} N={n}: " + ", ".join(row), flush=True)
+        ui: dict[int, dict[str, float]] = {}
+        if args.ui:
+            for n in sizes:
+                home, _, env = homes[n]
+                ui[n] = ui_step(home, env, n)
+                print(f"  ui N={n}: " + ", ".join(f"{k} {v:.1f} s" for k, v in ui[n].items()), flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"homes kept under {work}")
+    base = sizes[0]
+    print(f"\nmedian wall time (CPU time of the process), and the ratio against N={base}")
+    head = "| step | " + " | ".join(f"N={n}" for n in sizes) + " | " + " | ".join(
+        f"N={n} / N={base}" for n in sizes[1:]) + " | goal |"
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for step in STEPS:
+        if (step, base) not in res:
+            continue
+        cells = [fmt(res.get((step, n), [])) for n in sizes]
+        ratios = [ratio(res.get((step, n), []), res[(step, base)]) for n in sizes[1:]]
+        print(f"| {step} | " + " | ".join(cells) + " | " + " | ".join(ratios) + f" | {GOALS.get(step, '')} |")
+    for key in ("reload", "ui start", "lineage page", "silver group page", "asset catalog"):
+        if ui:
+            print(f"| {key} | " + " | ".join(f"{ui[n].get(key, float('nan')):.1f} s" for n in sizes) + " | "
+                  + " | ".join("" for _ in sizes[1:]) + f" | {GOALS.get(key, '')} |")
+    for n, d in notes.items():
+        print(f"N={n}: " + ", ".join(f"{k}={v if not isinstance(v, float) else round(v, 2)}" for k, v in d.items()))
+
+
+if __name__ == "__main__":
+    main()
