@@ -66,6 +66,7 @@ def build_definitions(platform: Platform | None = None, *, pipelines: Iterable[s
     started = time.monotonic()
     with _no_cyclic_gc():
         defs = _build(platform or Platform.from_env(), pipelines)
+        defs.get_repository_def()  # cached: the asset graph and repository, built here without the collector
     _trace(pipelines, defs, time.monotonic() - started)
     return defs
 
@@ -77,7 +78,8 @@ def _trace(pipelines: Iterable[str] | None, defs: dg.Definitions, seconds: float
     if not path:
         return
     line = {"pid": os.getpid(), "pipelines": sorted(pipelines) if pipelines is not None else None,
-            "assets": sum(len(a.keys) for a in defs.assets or [] if isinstance(a, dg.AssetsDefinition)),
+            "stage_assets": sum(1 for a in defs.assets or [] if isinstance(a, dg.AssetsDefinition)
+                                and any("lakehouse/pipeline" in (spec.tags or {}) for spec in a.specs)),
             "jobs": sorted(j.name for j in defs.jobs or []), "seconds": round(seconds, 3)}
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(line) + "\n")

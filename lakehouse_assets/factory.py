@@ -323,8 +323,11 @@ def pipeline_job(g: Graph, pipeline_id: str, assets: list[dg.AssetsDefinition], 
 
     A `define_asset_job` handed to the whole code location is resolved against the whole asset graph,
     at a cost that grows with it: a thousand pipeline jobs cost the code server over half a minute.
-    Resolved here, each costs a couple of milliseconds, and a run worker that builds one pipeline
-    gets exactly the job the code server showed (lakehouse_assets/definitions.py)."""
+    Resolved against the pipeline's own assets (Dagster's AssetGraph of them), each costs about a
+    millisecond, and a run worker that builds one pipeline gets exactly the job the code server
+    showed (lakehouse_assets/definitions.py)."""
+    from dagster._core.definitions.assets.graph.asset_graph import AssetGraph  # no public constructor
+
     p = g.pipelines[pipeline_id]
     unresolved = dg.define_asset_job(
         name=job_name(pipeline_id),
@@ -332,5 +335,5 @@ def pipeline_job(g: Graph, pipeline_id: str, assets: list[dg.AssetsDefinition], 
         description=p.description or f"all stages of pipeline {pipeline_id}",
         tags={"lakehouse/pipeline": pipeline_id},
     )
-    return dg.Definitions(assets=assets, jobs=[unresolved], resources=resources,
-                          executor=dg.in_process_executor).resolve_job_def(unresolved.name)
+    return unresolved.resolve(asset_graph=AssetGraph.from_assets(assets), default_executor_def=dg.in_process_executor,
+                              resource_defs=resources)

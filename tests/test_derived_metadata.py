@@ -395,7 +395,7 @@ def test_a_runs_build_is_the_job_the_code_location_shows(home, monkeypatch):
     assert job.asset_layer.selected_asset_keys == build_definitions(platform).resolve_job_def(
         "p1_job").asset_layer.selected_asset_keys
     builds = [json.loads(x) for x in trace.read_text().splitlines()]
-    assert builds[0]["pipelines"] == ["p1"] and builds[0]["assets"] == 3 and builds[0]["jobs"] == ["p1_job"]
+    assert builds[0]["pipelines"] == ["p1"] and builds[0]["stage_assets"] == 3 and builds[0]["jobs"] == ["p1_job"]
     trace.unlink()
     assert set(repo.job_names) >= {"p0_job", "p1_job", "p2_job", "__ASSET_JOB"}  # anything else: the whole graph
     assert [json.loads(x)["pipelines"] for x in trace.read_text().splitlines()] == [None]

@@ -1,0 +1,54 @@
+"""A run launched by a REAL daemon builds its own pipeline, not every pipeline (issue 22).
+
+Three pipelines in the control DB; pipeline p1's job is submitted to a persistent instance; the
+daemon launches it through its code server, whose run worker (a fresh process, its own JVM) loads
+the code location. LAKEHOUSE_DEFS_TRACE records what each process built: the code servers the
+whole graph, the run worker p1's three stages only. The run materializes p1 for real (Spark,
+Iceberg) and nothing of the other pipelines.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from lakehouse.demo import generate_user_events
+from lakehouse.metadata.loader import load_metadata
+from lakehouse.metadata.store import MetadataStore
+from tests.test_derived_metadata import copies
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(2400)  # a JVM in the run worker on a loaded 2-core machine
+def test_a_launched_run_worker_builds_its_own_pipeline(settings, tmp_path, dagster_daemon_factory):
+    import dagster as dg
+
+    MetadataStore(settings.control_db_url).apply(load_metadata(copies(tmp_path / "meta", 3)))
+    generate_user_events(settings.landing_dir / "landing1", rows=300, files=2, seed=4)
+    trace = tmp_path / "defs_trace.jsonl"
+    d = dagster_daemon_factory(extra_env={"LAKEHOUSE_DEFS_TRACE": str(trace)})
+    run_id = d.submit("p1_job", tags={"lakehouse/pipeline": "p1"})
+    [run] = d.wait_for_runs([run_id], timeout=1800)
+    assert run.status == dg.DagsterRunStatus.SUCCESS, d.failures([run_id]) + "\n" + d.log_tail()
+
+    mats = {rec.dagster_event.asset_key.to_user_string()
+            for rec in d.instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)}
+    assert mats == {"bronze/user_events1", "silver/user_events1", "gold/daily_user_events1"}
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    cat = SqlCatalog(settings.catalog_name, uri=settings.catalog_uri, warehouse=settings.warehouse)
+    assert cat.load_table("silver.user_events1").scan().to_arrow().num_rows > 0
+    assert not cat.table_exists("bronze.user_events0") and not cat.table_exists("bronze.user_events2")
+
+    deadline = time.monotonic() + 60  # the trace line is written before the run starts; allow for buffering
+    while time.monotonic() < deadline and not trace.exists():
+        time.sleep(1)
+    builds = [json.loads(x) for x in trace.read_text().splitlines()]
+    whole = [b for b in builds if b["pipelines"] is None]
+    mine = [b for b in builds if b["pipelines"] == ["p1"]]
+    assert whole and all(b["stage_assets"] == 9 for b in whole), builds  # code servers: every pipeline's stages
+    assert mine and all(b["stage_assets"] == 3 and b["jobs"] == ["p1_job"] for b in mine), builds  # the run worker
+    assert {b["pid"] for b in mine}.isdisjoint({b["pid"] for b in whole})
