@@ -101,12 +101,16 @@ def cmd_run(args) -> int:
         # LAKEHOUSE_SPARK_WARMUP=0 it starts only when a step needs it (a run with nothing to load,
         # e.g. one of several concurrent runs whose files others claimed, then never starts one)
         platform.warm_spark()
+    from lakehouse.metadata.derived import read_structure
     from lakehouse.throughput.instance import headless_instance, run_tags
     from lakehouse_assets.definitions import build_definitions
     from lakehouse_assets.run_summary import record, stage_keys, summarize
 
-    catalog = platform.store.load()
-    catalog.pipeline(args.pipeline)  # unknown id -> KeyError naming the known ones
+    # this pipeline's rows (and the throttles), not every pipeline's: a run's cost does not grow with the platform
+    catalog = read_structure(platform.store, [args.pipeline]).catalog
+    if not any(p.pipeline_id == args.pipeline for p in catalog.pipelines):
+        platform.store.load(["pipelines"]).pipeline(args.pipeline)  # unknown id -> KeyError naming the known ones
+    catalog = catalog.model_copy(update={"throttles": platform.store.load(["throttles"]).throttles})
     headless = headless_instance(platform.settings, catalog, ephemeral=args.ephemeral)
     for note in headless.notes:
         print(f"warning: {note}", file=sys.stderr)
