@@ -209,8 +209,9 @@ def ratio(vals: list[tuple[float, float]], base: list[tuple[float, float]]) -> s
     return f"{w:.2f}x ({c:.2f}x)"
 
 
-def ui_step(home: Path, env: dict, n: int) -> dict[str, float]:
+def ui_step(home: Path, env: dict, n: int, page_timeout: int = 600) -> dict[str, float]:
     """dagster dev on the home: start-up, reload after an apply, page renders in headless Chromium."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     from tests.fixtures.dagster_dev import CHROMIUM, CHROMIUM_ARGS, _wait_ready, free_port, stop_process_group
@@ -256,15 +257,24 @@ def ui_step(home: Path, env: dict, n: int) -> dict[str, float]:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             page = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()
-            page.set_default_timeout(1_800_000)
-            pages = {"lineage page": ("/asset-groups", "silver"),
-                     "silver group page": ("/locations/lakehouse/asset-groups/silver", "user_events_0000"),
-                     "asset catalog": ("/assets", "user_events_0000")}
+            page.set_default_timeout(page_timeout * 1000)
+            # (page, what shows it rendered): the catalog lists `layer / table` links, bronze first
+            pages = {"lineage page": ("/asset-groups", page.get_by_text("silver", exact=True)),
+                     "silver group page": ("/locations/lakehouse/asset-groups/silver",
+                                           page.get_by_text("user_events_0000", exact=True)),
+                     "asset catalog": ("/assets", page.locator('a[href$="/assets/bronze/user_events_0000"]'))}
             for name, (path, text) in pages.items():
                 t2 = time.monotonic()
-                page.goto(url + path)
-                page.get_by_text(text, exact=True).first.wait_for(state="visible")
-                out[name] = time.monotonic() - t2
+                try:
+                    page.goto(url + path)
+                    text.first.wait_for(state="visible")
+                    out[name] = time.monotonic() - t2
+                except PlaywrightTimeout:  # said, with what the page showed, instead of a lost bench
+                    shot = home / f"ui_{name.replace(' ', '_')}.png"
+                    page.screenshot(path=str(shot))
+                    print(f"  ui N={n}: {name}: {text} not visible after {page_timeout} s; screenshot {shot}",
+                          flush=True)
+                    out[name] = float("nan")
             browser.close()
     finally:
         stop_process_group(proc)
@@ -278,6 +288,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip", default="", help=f"comma-separated steps to leave out, of {', '.join(STEPS)}")
     ap.add_argument("--ui", action="store_true", help="also time dagster dev and the pages in headless Chromium")
+    ap.add_argument("--page-timeout", type=int, default=600, help="seconds a UI page may take to show its asset")
     ap.add_argument("--keep", action="store_true", help="keep the homes (printed) for a look afterwards")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -317,7 +328,7 @@ def main() -> None:
         if args.ui:
             for n in sizes:
                 home, _, env = homes[n]
-                ui[n] = ui_step(home, env, n)
+                ui[n] = ui_step(home, env, n, args.page_timeout)
                 print(f"  ui N={n}: " + ", ".join(f"{k} {v:.1f} s" for k, v in ui[n].items()), flush=True)
     finally:
         if not args.keep:
