@@ -270,7 +270,7 @@ def ui_step(home: Path, env: dict, n: int, page_timeout: int = 600) -> dict[str,
                     text.first.wait_for(state="visible")
                     out[name] = time.monotonic() - t2
                 except PlaywrightTimeout:  # said, with what the page showed, instead of a lost bench
-                    shot = home / f"ui_{name.replace(' ', '_')}.png"
+                    shot = Path(tempfile.gettempdir()) / f"bench_scale_n{n}_{name.replace(' ', '_')}.png"  # kept
                     page.screenshot(path=str(shot))
                     print(f"  ui N={n}: {name}: {text} not visible after {page_timeout} s; screenshot {shot}",
                           flush=True)
