@@ -234,6 +234,8 @@ def check_references(loaded: LoadedMetadata, live=None) -> None:
         if s.alternative_source_id is not None:
             need("source", s.alternative_source_id, "sources", s.key(), "alternative_source_id")
     for t in c.targets:
+        if t.alternative_source_id is not None:
+            need("source", t.alternative_source_id, "targets", t.key(), "alternative_source_id")
         if t.export_target_id is not None:
             need("target", t.export_target_id, "targets", t.key(), "export_target_id")
             if t.export_target_id in ids["target"] and c.target(t.export_target_id).kind != "warehouse":
@@ -316,6 +318,8 @@ def check_references(loaded: LoadedMetadata, live=None) -> None:
             need("pipeline", f.entity_id, "control_flags", f.key(), "entity_id")
         elif f.entity_type == "stage" and f.entity_id.split(".", 1)[0] not in ids["pipeline"]:
             problems.append(f"{_where(loaded, 'control_flags', f.key())}.entity_id: stage flag must be 'pipeline.stage'")
+        elif f.entity_type in ("source", "target"):
+            need(f.entity_type, f.entity_id, "control_flags", f.key(), "entity_id")
     for pp in c.pipeline_profiles:
         if pp.pipeline_id != "*":
             need("pipeline", pp.pipeline_id, "pipeline_profiles", pp.key(), "pipeline_id")
@@ -331,6 +335,16 @@ def check_references(loaded: LoadedMetadata, live=None) -> None:
             if getattr(e, fld) not in datasets:
                 problems.append(f"{_where(loaded, 'dataset_lineage', e.key())}.{fld}: unknown dataset "
                                 f"{getattr(e, fld)!r}; known: {sorted(datasets)}")
+    for rp in c.dataset_recovery_paths:  # an operator's route must be one the runner can follow
+        where = _where(loaded, "dataset_recovery_paths", rp.key())
+        unknown = [d for d in rp.path_sequence if d not in datasets]
+        if unknown:
+            problems.append(f"{where}.path_sequence: unknown dataset(s) {unknown}; known: {sorted(datasets)}")
+        elif len(rp.path_sequence) < 2 or rp.path_sequence[-1] != rp.dataset_id:
+            problems.append(f"{where}.path_sequence: must hold at least an upstream and end with {rp.dataset_id!r}")
+    for ch in c.alert_channels:
+        for i, pid in enumerate(ch.pipelines):
+            need("pipeline", pid, "alert_channels", ch.key(), f"pipelines[{i}]")
     for rs in c.validation_rules:
         for i, r in enumerate(rs.rules):
             if r.type == "referential_integrity" and r.ref_dataset not in datasets:

@@ -267,6 +267,9 @@ class Target(Entity):
     merge_keys: list[str] = Field(default_factory=list)
     table_properties: dict[str, str] = Field(default_factory=dict)
     export_target_id: str | None = Field(default=None, description="a warehouse target this table is exported to")
+    alternative_source_id: str | None = Field(
+        default=None, description="a declared replica of this table (a source, e.g. kind iceberg): SQL stages "
+        "reading this table read the replica instead while the table is unavailable")
     # warehouse
     jdbc_url: str | None = None
     jdbc_url_env: str | None = None
@@ -405,7 +408,8 @@ class ControlFlag(Entity):
     __key__ = ("entity_type", "entity_id", "flag_name")
 
     entity_type: Literal["pipeline", "stage", "source", "target", "platform"]
-    entity_id: str = Field(description="pipeline_id, or pipeline_id.stage_name for a stage")
+    entity_id: str = Field(description="pipeline_id, pipeline_id.stage_name for a stage, a source_id, a target_id, "
+                           "or * for the platform")
     flag_name: str = "enabled"
     flag_value: bool = True
     updated_at: datetime | None = None
@@ -514,6 +518,9 @@ class DatasetRecoveryPath(Entity):
     path_order: int = Field(ge=1)
     path_sequence: list[str]
     cost: float = 0.0
+    derived: bool = Field(
+        default=False, description="written by `metadata apply` / `lineage sync` from the lineage graph and "
+        "recomputed each time; rows without it are an operator's and are kept as written")
 
 
 class Application(Entity):
@@ -535,6 +542,12 @@ class Application(Entity):
         },
         description="typename -> raw field holding the entity's name",
     )
+    partition_by_day: bool = Field(
+        default=False, description="partition entity_raw.<app> by the UTC day of extracted_at (Iceberg "
+        "truncate[86400000] on the epoch-ms column) besides typename")
+    max_record_bytes: int = Field(
+        default=1_048_576, ge=1, description="largest raw_record (UTF-8 bytes of its JSON) loaded; a bigger "
+        "record is quarantined whole with its key in entity_raw.<app>__quarantine, never loaded truncated")
 
     _v_id = field_validator("application_id")(lambda cls, v: check_ident(v.lower(), "application_id"))
 
@@ -557,6 +570,59 @@ class AuditLogEntry(BaseModel):
     outcome: str | None = None
     duration_ms: int | None = None
     details: dict[str, Any] = Field(default_factory=dict)
+
+
+AlertEvent = Literal["audit_failed", "run_failed", "run_canceled", "kill_switch", "source_unavailable"]
+ALERT_EVENTS: tuple[str, ...] = ("audit_failed", "run_failed", "run_canceled", "kill_switch", "source_unavailable")
+
+
+class AlertChannel(Entity):
+    """Where alerts go (Slack or a webhook) and for which pipelines, criticalities and events.
+
+    Secrets never sit in metadata: the Slack bot token, a webhook's bearer token and a webhook URL
+    that carries a secret are read from the environment variables named here."""
+
+    __key__ = ("channel_id",)
+
+    channel_id: str
+    kind: Literal["slack", "webhook"]
+    enabled: bool = True
+    description: str = ""
+    pipelines: list[str] = Field(default_factory=list, description="alerts of these pipelines (empty with no "
+                                 "criticalities: every pipeline)")
+    criticalities: list[Literal["critical", "high", "normal", "low"]] = Field(
+        default_factory=list, description="alerts of pipelines with these criticalities (OR with `pipelines`)")
+    events: list[AlertEvent] = Field(default_factory=list, description="alert kinds sent here (empty: all)")
+    slack_channel: str | None = Field(default=None, description="Slack channel name or id, e.g. #data-alerts")
+    token_env: str | None = Field(default=None, description="env var with the Slack bot token (default "
+                                  "SLACK_BOT_TOKEN) or the webhook's bearer token")
+    api_url: str | None = Field(default=None, description="Slack Web API base URL (default https://slack.com/api/)")
+    url: str | None = Field(default=None, description="webhook URL (no credentials in it: use url_env)")
+    url_env: str | None = Field(default=None, description="env var holding the webhook URL")
+    headers: dict[str, str] = Field(default_factory=dict, description="extra (non-secret) webhook headers")
+    timeout_seconds: float = Field(default=5.0, gt=0, le=60)
+
+    _v_id = field_validator("channel_id")(lambda cls, v: check_id(v, "channel_id"))
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> AlertChannel:
+        if self.kind == "slack" and not self.slack_channel:
+            raise ValueError(f"slack alert channel {self.channel_id!r} needs slack_channel")
+        if self.kind == "webhook" and not (self.url or self.url_env):
+            raise ValueError(f"webhook alert channel {self.channel_id!r} needs url or url_env")
+        for name in ("url", "api_url"):
+            value = getattr(self, name)
+            if value and re.match(r"^[a-z][a-z0-9+.-]*://[^/@]*@", value, re.I):
+                raise ValueError(f"alert channel {self.channel_id!r}: {name} must not carry credentials; "
+                                 "put the URL in an env var named by url_env")
+        return self
+
+    def wants(self, event: str, pipeline_id: str | None, criticality: str | None) -> bool:
+        if not self.enabled or (self.events and event not in self.events):
+            return False
+        if not self.pipelines and not self.criticalities:
+            return True
+        return (pipeline_id in self.pipelines) or (criticality is not None and criticality in self.criticalities)
 
 
 class PlatformSetting(Entity):
@@ -586,6 +652,7 @@ SECTIONS: dict[str, type[Entity]] = {
     "dataset_recovery_paths": DatasetRecoveryPath,
     "applications": Application,
     "platform_settings": PlatformSetting,
+    "alert_channels": AlertChannel,
 }
 
 
@@ -610,6 +677,7 @@ class MetadataCatalog(BaseModel):
     dataset_recovery_paths: list[DatasetRecoveryPath] = Field(default_factory=list)
     applications: list[Application] = Field(default_factory=list)
     platform_settings: list[PlatformSetting] = Field(default_factory=list)
+    alert_channels: list[AlertChannel] = Field(default_factory=list)
 
     # {name: (the list it indexes, its length, {key: row})}: lookups in O(1) at thousands of rows;
     # rebuilt when a section's list is replaced or changes length (rows are never edited in place)
