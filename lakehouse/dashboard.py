@@ -1,9 +1,10 @@
 """Data-quality overview across all datasets, built from the stored check history.
 
 Per dataset and rule: last result, pass rate over the last N evaluations, the failing-row trend;
-per dataset: quarantine size and open audit branches (data a failed audit left unpublished).
-Everything is read without Spark (control DB + PyIceberg metadata), so the dashboard asset is
-cheap enough to refresh after every pipeline run.
+per dataset: quarantine size and open audit branches (data a failed audit left unpublished);
+beside them, the alert history (`lakehouse.alerts`): what was raised, about which dataset, stage
+and rule, and whether each channel got it. Everything is read without Spark (control DB +
+PyIceberg metadata), so the dashboard asset is cheap enough to refresh after every pipeline run.
 """
 
 from __future__ import annotations
@@ -46,10 +47,23 @@ class DatasetRow:
 
 
 @dataclass
+class AlertRow:
+    ts: datetime | None
+    kind: str
+    dataset: str
+    stage: str
+    rule: str
+    failing_count: int | None
+    delivery: str  # per channel: "slack_x: sent; hook: pending (2 attempts)"
+    delivered: bool  # every channel took it
+
+
+@dataclass
 class QualityOverview:
     last_n: int
     rules: list[RuleRow]
     datasets: list[DatasetRow]
+    alerts: list[AlertRow] = field(default_factory=list)
 
     @property
     def failing(self) -> list[RuleRow]:
@@ -76,7 +90,22 @@ def compute_overview(platform: Platform, last_n: int = 20) -> QualityOverview:
             failed_rows_trend=[int(h["failed_rows"] or 0) for h in reversed(hist)],
         ))
     names = {r.dataset for r in rows} | {t.identifier for t in platform.catalog().targets}
-    return QualityOverview(last_n, rows, [_dataset_row(platform, n) for n in sorted(names)])
+    return QualityOverview(last_n, rows, [_dataset_row(platform, n) for n in sorted(names)],
+                           alert_rows(platform, last_n))
+
+
+def alert_rows(platform: Platform, limit: int) -> list[AlertRow]:
+    from lakehouse.alerts import recent
+
+    out = []
+    for a in recent(platform.store, limit=limit):
+        deliveries = a["deliveries"]
+        text = "; ".join(f"{d['channel_id']}: {d['status']}" + (f" ({d['attempts']} attempts)"
+                                                                if d["status"] != "sent" else "")
+                         for d in deliveries) or "no channel configured"
+        out.append(AlertRow(a["created_at"], a["kind"], a["dataset"] or "", a["stage"] or "", a["rule"] or "",
+                            a["failing_count"], text, all(d["status"] == "sent" for d in deliveries)))
+    return out
 
 
 def _dataset_row(platform: Platform, identifier: str) -> DatasetRow:
@@ -146,6 +175,15 @@ def render_markdown(ov: QualityOverview) -> str:
         lines += ["", "An open audit branch holds data a blocking rule kept from main: inspect it with "
                       "`lakehouse branches show <table> <branch>`, fix the input or the rule and re-run the stage, "
                       "then drop the branch with `lakehouse branches drop <table> <branch>`."]
+    lines += ["", f"### Alerts (last {ov.last_n})", "",
+              "| raised | kind | dataset | stage | rule | failing | delivered to |", "|---|---|---|---|---|---|---|"]
+    for a in ov.alerts:
+        ts = a.ts.strftime("%Y-%m-%d %H:%M:%S") if a.ts else ""
+        failing = "" if a.failing_count is None else str(a.failing_count)
+        lines.append(f"| {ts} | {a.kind} | {_cell(a.dataset)} | {_cell(a.stage)} | {_cell(a.rule)} | {failing} | "
+                     f"{'' if a.delivered else '⚠️ '}{_cell(a.delivery)} |")
+    if not ov.alerts:
+        lines.append("| — | no alert raised | | | | | |")
     return "\n".join(lines)
 
 
@@ -205,4 +243,6 @@ def summary(ov: QualityOverview) -> dict[str, Any]:
         "datasets": len(ov.datasets),
         "quarantined_rows": sum(d.quarantine_rows or 0 for d in ov.datasets),
         "open_audit_branches": sum(len(d.open_audit_branches) for d in ov.datasets),
+        "alerts": len(ov.alerts),
+        "alerts_undelivered": sum(not a.delivered for a in ov.alerts),
     }

@@ -33,6 +33,10 @@ class StageDisabled(RuntimeError):
     """The control flags say this pipeline/stage must not run (or publish) now."""
 
 
+class DatasetDisabled(StageDisabled):
+    """The stage's source or target is switched off in control_flags: the step is skipped, not failed."""
+
+
 class AuditFailed(RuntimeError):
     """A blocking (error-severity) rule failed: main is untouched, the branch is kept."""
 
@@ -204,16 +208,32 @@ class StageRunner:
                                   event=event, **fields)
 
     def require_enabled(self, when: str) -> None:
+        from lakehouse import alerts
+        from lakehouse.control.flags import dataset_gate
+
         ok, reason = self.platform.store.enabled(self.stage.pipeline_id, self.stage.stage_name)
         if not ok:
             self.audit("kill_switch", outcome="stopped", message=f"{when}: {reason}")
-            raise StageDisabled(f"{reason}; stopped {when}. Re-enable with "
+            exc = StageDisabled(f"{reason}; stopped {when}. Re-enable with "
                                 f"`lakehouse pipeline enable {self.stage.pipeline_id}` or "
                                 f"`lakehouse stage enable {self.stage.pipeline_id} {self.stage.stage_name}`.")
+            alerts.kill_switch_stopped(self, str(exc))
+            raise exc
+        gate = dataset_gate(self.platform.store, [self.stage.source_id, self.source_override], self.target.target_id)
+        if not gate.ok:
+            self.audit("kill_switch", outcome="skipped", message=f"{when}: {gate.reason}")
+            exc = DatasetDisabled(f"{gate.reason}; {self.target.identifier} (stage {self.stage.pipeline_id}."
+                                  f"{self.stage.stage_name}) skipped {when}. Re-enable with `{gate.enable_command}`.")
+            alerts.kill_switch_stopped(self, str(exc))
+            raise exc
 
     # ------------------------------------------------------------------ extract
     def extract(self) -> ExtractPlan:
-        self.require_enabled("before extract")
+        try:
+            self.require_enabled("before extract")
+        except DatasetDisabled as exc:  # a source/target switched off: nothing to read, the load skips too
+            return ExtractPlan(self.stage.pipeline_id, self.stage.stage_name, kind="skipped",
+                               source_id=self.stage.source_id, skipped_reason=str(exc))
         from lakehouse import coordination
 
         coordination.hold_lease(self.platform, self.run_id, self.target.identifier)  # claims live with it
@@ -395,8 +415,12 @@ class StageRunner:
         from lakehouse.control.healing import run_with_healing
 
         try:
+            if plan.kind == "skipped":  # the extract skipped it (source/target off): re-check before any I/O
+                self.require_enabled("before load")
             # the Spark work of each attempt is cancelled past the step's timeout (never a hung run)
             outcome = run_with_healing(self, "load", lambda: guard_step(self, "load", lambda: self._load(plan)))
+        except DatasetDisabled as exc:  # switched off in flight: nothing reaches main, the step is skipped
+            return self._skip_disabled(str(exc))
         finally:  # claims and the lease end with the step, whatever happened
             coordination.release_lease(self.platform, self.run_id, self.target.identifier)
         outcome.extra.update({k: v for k, v in plan.details.items() if k.startswith("extract_heal")})
@@ -486,6 +510,27 @@ class StageRunner:
             if tables.exists(ident) and branch in tables.refs(ident):
                 drop_branch_and_commits(tables, ident, branch)
 
+    def _skip_disabled(self, reason: str) -> StageOutcome:
+        """A source/target flag stopped this load: drop what this run put on its audit branches
+        (the data is fine, it was just not allowed in) and report the step as skipped. Metadata
+        reads go through PyIceberg, so a load skipped before writing never starts Spark."""
+        from lakehouse.validation.quarantine import quarantine_identifier
+
+        branch = branch_name_for_run(self.run_id)
+        cat = self.platform.pyiceberg_catalog()
+        snap = None
+        for ident in (self.target.identifier, quarantine_identifier(self.target.identifier)):
+            if not cat.table_exists(ident):
+                continue
+            meta = cat.load_table(ident).metadata
+            if branch in meta.refs:
+                self.platform.tables().drop_branch(ident, branch)
+            if ident == self.target.identifier and "main" in meta.refs:
+                snap = meta.refs["main"].snapshot_id
+        self.log.warning("%s", reason)
+        return StageOutcome(self.stage.pipeline_id, self.stage.stage_name, self.target, False, branch,
+                            snapshot_id=snap, skipped_reason=reason)
+
     def write_audit_publish(self, batches, *, outcome: StageOutcome | None = None, started: float | None = None,
                             quarantine: bool = True, since: int | None | str = "now") -> StageOutcome:
         """Batches → audit branch → rules on the branch → kill switch → publish (see lakehouse.validation.wap).
@@ -547,7 +592,7 @@ class StageRunner:
 
             emit_stage_run(self, None, outcome, success=False)  # the failed run and its assertions
             why = "; ".join(f"{c.rule.name}: {c.message}" for c in failures if c.message)
-            raise AuditFailed(
+            failed = AuditFailed(
                 f"{self.target.identifier} (stage {self.stage.pipeline_id}.{self.stage.stage_name}) failed "
                 f"blocking rule(s) {names}" + (f" ({why})" if why else "") + ": main is unchanged, "
                 f"the data is kept on branch {branch!r}. "
@@ -555,6 +600,10 @@ class StageRunner:
                 "or the rule, then re-run the stage.",
                 outcome.checks, branch,
             )
+            from lakehouse import alerts
+
+            alerts.audit_failed(self, failed)  # never raises: an alert channel that is down fails nothing
+            raise failed
         from lakehouse.control.healing import run_with_healing
 
         def publish() -> int | None:

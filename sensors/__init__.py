@@ -1,5 +1,5 @@
 """Sensors generated from metadata: file arrivals (one sensor over every landing zone and S3 prefix),
-the kill switch and the throughput sync."""
+plus the platform's own control loops (throughput sync, kill switch, alerts)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import dagster as dg
 
 from lakehouse_assets.factory import Graph
+from sensors.alerts import build_alert_sensors
 from sensors.arrivals import build_arrival_sensor
 from sensors.killswitch import build_killswitch_sensor
 from sensors.throughput import build_throughput_sensor
@@ -15,4 +16,5 @@ from sensors.throughput import build_throughput_sensor
 
 def build_sensors(g: Graph, jobs: Sequence) -> list[dg.SensorDefinition]:
     arrivals = build_arrival_sensor(g, jobs)
-    return [*([arrivals] if arrivals is not None else []), build_throughput_sensor(), build_killswitch_sensor()]
+    return [*([arrivals] if arrivals is not None else []), build_throughput_sensor(), build_killswitch_sensor(),
+            *build_alert_sensors()]

@@ -30,6 +30,7 @@ class StopDecision:
     pipeline_id: str
     status: str  # the run's status when the decision was taken
     reason: str
+    stages: tuple[str, ...] = ()  # the stages the run materializes (when it selects some)
 
     @property
     def action(self) -> str:
@@ -62,13 +63,13 @@ def runs_to_stop(instance: Any, platform: Platform) -> list[StopDecision]:
         if pid not in verdicts:
             verdicts[pid] = platform.store.enabled(pid)
         ok, reason = verdicts[pid]
+        stages = _stages_of_run(run, platform)
         if ok:
-            stages = _stages_of_run(run, platform)
             checks = [platform.store.enabled(p, s) for p, s in stages]
             if checks and not any(c[0] for c in checks):
                 ok, reason = False, "; ".join(dict.fromkeys(c[1] for c in checks))
         if not ok:
-            out.append(StopDecision(run.run_id, pid, run.status.value, reason))
+            out.append(StopDecision(run.run_id, pid, run.status.value, reason, tuple(s for _, s in stages)))
     return out
 
 
@@ -88,5 +89,9 @@ def enforce(instance: Any, platform: Platform) -> list[StopDecision]:
                              outcome=("cancelled" if d.action == "cancel" else "terminated") if ok else "not_stopped",
                              message=d.reason, details={"status_before": d.status})
         log.warning("kill switch: %s run %s of %s (%s)", d.action, d.run_id, d.pipeline_id, d.reason)
+        if ok:
+            from lakehouse import alerts
+
+            alerts.kill_switch_run(platform.store, d.run_id, d.pipeline_id, d.reason, d.action, d.stages)
         done.append(d)
     return done

@@ -101,7 +101,20 @@ def retry_exception(platform, pipeline_id: str, stage_name: str, run_id: str, re
                                       "max_retries": d.max_retries, "seconds_to_wait": d.seconds_to_wait,
                                       "reason": d.reason})
     if not d.retry:
+        if step == "extract" and _source_unreachable(exc, info.code):
+            from lakehouse import alerts
+
+            alerts.source_unavailable(platform.store, pipeline_id=pipeline_id, stage_name=stage_name, run_id=run_id,
+                                      error=exc, retries=retry_number, reason=d.reason)
         return None
     import dagster as dg
 
     return dg.RetryRequested(max_retries=d.max_retries, seconds_to_wait=d.seconds_to_wait)
+
+
+def _source_unreachable(exc: BaseException, code: str) -> bool:
+    """The extract failed because its source cannot be read (not bad data, not a bug)."""
+    from lakehouse.errors import SOURCE_UNAVAILABLE
+    from lakehouse.lineage.recovery import NoRecoveryPath, is_source_error
+
+    return code == SOURCE_UNAVAILABLE or isinstance(exc, NoRecoveryPath) or is_source_error(exc)

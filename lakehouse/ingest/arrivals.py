@@ -52,10 +52,12 @@ def make_batches(files: list[FileRef], max_files: int, max_bytes: int) -> list[A
 def poll_arrivals(platform: Platform, pipeline_id: str, stage_name: str, cursor: str | None,
                   catalog: MetadataCatalog | None = None) -> ArrivalDecision:
     """`catalog`: the metadata as loaded once for a tick over many sources (default: load it now)."""
-    ok, reason = platform.store.enabled(pipeline_id, stage_name)
+    from lakehouse.control.flags import stage_enabled
+
+    catalog = catalog or platform.catalog()
+    ok, reason = stage_enabled(platform.store, catalog, pipeline_id, stage_name)  # + source / target flags
     if not ok:
         return ArrivalDecision(skip_reason=reason, cursor=cursor)
-    catalog = catalog or platform.catalog()
     stage = catalog.stage(pipeline_id, stage_name)
     source = catalog.source(stage.source_id)
     return poll_source(platform, source, cursor, catalog.target(stage.target_id).identifier)

@@ -1,0 +1,44 @@
+"""Reading what a Dagster run says about itself: its failed steps and their messages.
+
+Shared by the alert sensors (the alert quotes the run's failure message) and the load service
+(`GET /load/{id}` shows the error). Only the instance's public event-log API is used.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+
+def step_failures(instance: Any, run_id: str) -> list[tuple[str, str]]:
+    """(step key, message) per failed step: a `dagster.Failure`'s description, else the error text."""
+    import dagster as dg
+
+    out = []
+    for rec in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
+        ev = rec.dagster_event
+        data = ev.event_specific_data
+        user = getattr(data, "user_failure_data", None)
+        err = getattr(data, "error", None)
+        text = (user.description if user is not None and user.description else None) or (
+            _user_error(err) if err is not None else ev.message or "")
+        out.append((ev.step_key or "", text))
+    return out
+
+
+def _user_error(err: Any) -> str:
+    """The op's own exception text: Dagster wraps it in DagsterExecutionStepExecutionError (the
+    cause holds it) and prefixes `module.Class: `, which the exception's str() has not."""
+    while getattr(err, "cls_name", None) == "DagsterExecutionStepExecutionError" and getattr(err, "cause", None):
+        err = err.cause
+    text = (err.message or "").strip()
+    m = re.match(r"^(?:[A-Za-z_][\w]*\.)*" + re.escape(err.cls_name or "") + r": ", text) if err.cls_name else None
+    return text[m.end():] if m else text
+
+
+def run_failure_message(instance: Any, run_id: str) -> str | None:
+    """The RUN_FAILURE event's message (e.g. a run worker that died before any step failed)."""
+    import dagster as dg
+
+    recs = instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
+    return recs[-1].dagster_event.message if recs else None

@@ -1,0 +1,78 @@
+"""Alert sensors: failed and killed runs become alerts; undelivered alerts are retried.
+
+Thin: the alert itself (dedupe, channels, delivery, retries) lives in `lakehouse.alerts`. A run
+whose failure a more specific alert already explained (failed audit, kill switch, unreachable
+source: those are raised inside the run) gets no second message.
+"""
+
+from __future__ import annotations
+
+import os
+
+import dagster as dg
+
+from lakehouse import alerts
+from lakehouse.metadata.model import MetadataCatalog
+from lakehouse.runner import Platform
+
+FAILURE_SENSOR = "lakehouse_alerts_run_failure"
+CANCELED_SENSOR = "lakehouse_alerts_run_canceled"
+DELIVERY_SENSOR = "lakehouse_alerts_delivery"
+
+
+def _step_owners(catalog: MetadataCatalog) -> dict[str, tuple[str, str]]:
+    """Op-name prefix of each stage (`<asset key>__extract|load`) -> (pipeline.stage, dataset)."""
+    from lakehouse_assets.factory import stage_asset_key
+
+    return {stage_asset_key(catalog, s).to_python_identifier(): (f"{s.pipeline_id}.{s.stage_name}",
+                                                                 catalog.target(s.target_id).identifier)
+            for s in catalog.stages}
+
+
+def failure_summary(instance: dg.DagsterInstance, run: dg.DagsterRun, fallback: str,
+                    catalog: MetadataCatalog) -> tuple[str, list[tuple[str, str | None]]]:
+    """The run's failure message (each failed step's own error, as the UI shows it) and its stages."""
+    from lakehouse.dagster_runs import step_failures
+
+    owners = _step_owners(catalog)
+    failures = step_failures(instance, run.run_id)
+    # step keys of a graph-backed stage asset: "<graph>.<asset identifier>__extract|load"
+    failed = [owners.get(step.rsplit(".", 1)[-1].rsplit("__", 1)[0], (step, None)) for step, _ in failures]
+    return ("\n".join(f"{step}: {text}" for step, text in failures) or fallback), failed
+
+
+def _report(context, run: dg.DagsterRun, status: str, fallback: str) -> dg.SkipReason:
+    platform = Platform.from_env()
+    message, failed = failure_summary(context.instance, run, fallback, platform.catalog())
+    res = alerts.run_finished(platform.store, run_id=run.run_id, status=status, job_name=run.job_name,
+                              tags=dict(run.tags), message=message, failed=failed)
+    if res is None:
+        return dg.SkipReason(f"run {run.run_id[:8]} is covered by an alert raised in the run")
+    return dg.SkipReason(f"alert {res.alert_id} for run {run.run_id[:8]}: sent {res.sent}, pending {res.pending}")
+
+
+@dg.run_failure_sensor(name=FAILURE_SENSOR, default_status=dg.DefaultSensorStatus.RUNNING,
+                       description="A failed run becomes an alert to the channels of `alert_channels`.")
+def run_failure_alerts(context: dg.RunFailureSensorContext):
+    return _report(context, context.dagster_run, "FAILURE", context.failure_event.message or "run failed")
+
+
+@dg.run_status_sensor(run_status=dg.DagsterRunStatus.CANCELED, name=CANCELED_SENSOR,
+                      default_status=dg.DefaultSensorStatus.RUNNING,
+                      description="A killed (cancelled / terminated) run becomes an alert.")
+def run_canceled_alerts(context: dg.RunStatusSensorContext):
+    run = context.dagster_run
+    return _report(context, run, "CANCELED", f"run {run.run_id} of {run.job_name} was cancelled")
+
+
+@dg.sensor(name=DELIVERY_SENSOR, default_status=dg.DefaultSensorStatus.RUNNING,
+           minimum_interval_seconds=int(os.environ.get("LAKEHOUSE_ALERT_RETRY_INTERVAL", "30")),
+           description="Retry alerts a channel could not take (endpoint down, rate limited) with backoff.")
+def alert_delivery(context: dg.SensorEvaluationContext):
+    out = alerts.deliver_due(Platform.from_env().store)
+    return dg.SkipReason(f"sent {out.sent}, still pending {out.pending}, given up {out.failed}"
+                         if out.sent or out.pending or out.failed else "no alert waiting")
+
+
+def build_alert_sensors() -> list[dg.SensorDefinition]:
+    return [run_failure_alerts, run_canceled_alerts, alert_delivery]
