@@ -180,6 +180,7 @@ class StageRunner:
         self.pipeline: Pipeline = self.catalog.pipeline(pipeline_id)
         self.target: Target = self.catalog.target(self.stage.target_id)
         self.source_override: str | None = None  # set by lakehouse.lineage.recovery.reroute
+        self.table_overrides: dict[str, str] = {}  # SQL upstream -> replica (recovery.sql_table_overrides)
         from lakehouse.control.healing import HealingState
 
         self.healing = HealingState()  # what self-healing changed for this step (lakehouse.control.healing)
@@ -299,7 +300,8 @@ class StageRunner:
 
     def _pin_upstream(self) -> dict[str, int | None]:
         tables = self.platform.tables()
-        return {ident: tables.snapshot_id(ident) for ident in self.upstream_identifiers()}
+        return {ident: tables.snapshot_id(self.table_overrides.get(ident, ident))  # a replica, when rerouted
+                for ident in self.upstream_identifiers()}
 
     def processed_files(self) -> set[tuple[str, str]]:
         """(key, etag) of every file already committed to main, from the snapshot summaries."""
@@ -383,12 +385,13 @@ class StageRunner:
         spark = self.platform.spark()
         cat = self.platform.settings.catalog_name
         mapping = {}
+        overrides = plan.details.get("table_overrides", {})  # an unavailable upstream read from its replica
         for ident, snap in plan.upstream_snapshots.items():
             view = "__lh_" + ident.replace(".", "__") + "_" + "".join(c if c.isalnum() else "_" for c in self.run_id[:8])
             reader = spark.read.format("iceberg")
             if snap is not None:
                 reader = reader.option("snapshot-id", str(snap))
-            reader.load(f"{cat}.{ident}").createOrReplaceTempView(view)
+            reader.load(f"{cat}.{overrides.get(ident, ident)}").createOrReplaceTempView(view)
             mapping[ident.lower()] = view
         sql = self.stage.transformation or f"SELECT * FROM {next(iter(mapping.values()))}"
         from pyspark.errors import AnalysisException

@@ -4,11 +4,13 @@ Edges come from three places, later ones overriding earlier ones with the same
 (from, to) key:
   1. the stages themselves (source_id → target, and every table the stage's SQL reads →
      target), default routes of cost 1 with the SQL's column lineage attached;
-  2. `sources.alternative_source_id`: the replica feeds whatever the primary feeds, at the
-     primary edge's cost + 1, not a default route;
+  2. `alternative_source_id` of a source or of a target (a declared replica of a table): the
+     replica feeds whatever the primary feeds, at the primary edge's cost + 1, not a default route;
   3. explicit `dataset_lineage` rows (an operator's costs and extra routes always win).
 Derived rows are written back to `dataset_lineage` (transform_name `stage:` / `alternative:`)
-so the table holds every route, and `dataset_recovery_paths` is recomputed from the graph.
+so the table holds every route, and the derived rows of `dataset_recovery_paths` are recomputed
+from the graph. An operator's `dataset_recovery_paths` rows (derived: false) are kept as written
+and are routes too (`candidate_routes`): with a lower cost they win over the derived ones.
 """
 
 from __future__ import annotations
@@ -96,20 +98,24 @@ def _derived_edges(catalog: MetadataCatalog, stages: Iterable[Stage],
                 transformation_sql=st.transformation, column_lineage=cols.get(up, {}),
             )
     explicit = {(e.from_dataset_id, e.to_dataset_id): e for e in catalog.dataset_lineage}
-    for src in catalog.sources:
-        alt = src.alternative_source_id
-        if not alt:
-            continue
+    for primary_id, alt in replicas(catalog).items():
         for (frm, to), e in list(edges.items()):
-            if frm != src.source_id or (alt, to) in edges:
+            if frm != primary_id or (alt, to) in edges:
                 continue
             primary = explicit.get((frm, to), e)
             edges[(alt, to)] = DatasetLineage(
-                from_dataset_id=alt, to_dataset_id=to, transform_name=f"{ALT_PREFIX}{src.source_id}",
+                from_dataset_id=alt, to_dataset_id=to, transform_name=f"{ALT_PREFIX}{primary_id}",
                 cost=primary.cost + 1.0, is_default=False, transformation_sql=e.transformation_sql,
                 column_lineage=e.column_lineage,
             )
     return edges
+
+
+def replicas(catalog: MetadataCatalog) -> dict[str, str]:
+    """dataset id -> its declared replica (`alternative_source_id` of a source or of a target)."""
+    out = {s.source_id: s.alternative_source_id for s in catalog.sources if s.alternative_source_id}
+    out.update({t.target_id: t.alternative_source_id for t in catalog.targets if t.alternative_source_id})
+    return out
 
 
 _EDGE_CACHE: dict[int, tuple[MetadataCatalog, list[DatasetLineage]]] = {}
@@ -183,6 +189,7 @@ class Route:
     cost: float
     is_default: bool
     unavailable: dict[str, str] = field(default_factory=dict)  # dataset -> why
+    operator: bool = False  # an operator's dataset_recovery_paths row, not derived from the graph
 
     @property
     def available(self) -> bool:
@@ -226,6 +233,27 @@ def routes(graph: nx.DiGraph, dataset_id: str, limit: int = MAX_ROUTES) -> list[
     return out
 
 
+def operator_paths(catalog: MetadataCatalog, dataset_id: str | None = None) -> list[DatasetRecoveryPath]:
+    return [p for p in catalog.dataset_recovery_paths if not p.derived
+            and (dataset_id is None or p.dataset_id == dataset_id)]
+
+
+def candidate_routes(catalog: MetadataCatalog, dataset_id: str, limit: int = MAX_ROUTES) -> list[Route]:
+    """The graph's routes into `dataset_id` plus the operator's recovery paths for it, cheapest
+    first. An operator row for a path the graph also has sets that route's cost."""
+    graph = build_graph(catalog)
+    by_path = {tuple(r.path): r for r in routes(graph, dataset_id, limit)}
+    for p in operator_paths(catalog, dataset_id):
+        hit = by_path.get(tuple(p.path_sequence))
+        if hit is not None:
+            hit.cost, hit.operator = float(p.cost), True
+        else:
+            by_path[tuple(p.path_sequence)] = Route(list(p.path_sequence), float(p.cost), False, operator=True)
+    out = list(by_path.values())
+    out.sort(key=lambda r: (r.cost, not r.is_default, len(r.path)))
+    return out
+
+
 Probe = Callable[[str], tuple[bool, str]]
 
 
@@ -253,18 +281,31 @@ def choose(rs: list[Route]) -> Route | None:
     return next((r for r in rs if r.available), None)
 
 
-def recovery_paths(graph: nx.DiGraph) -> list[DatasetRecoveryPath]:
+def recovery_paths(graph: nx.DiGraph, operator: list[DatasetRecoveryPath] = ()) -> list[DatasetRecoveryPath]:
+    """Derived rows: every graph route per dataset, numbered after the operator's rows for it (whose
+    path_order they never take) and skipping a path an operator row already holds."""
+    taken: dict[str, set[int]] = {}
+    held: set[tuple[str, tuple[str, ...]]] = set()
+    for p in operator:
+        taken.setdefault(p.dataset_id, set()).add(p.path_order)
+        held.add((p.dataset_id, tuple(p.path_sequence)))
     rows = []
     for ds in sorted(graph.nodes):
-        for i, r in enumerate(routes(graph, ds), start=1):
-            rows.append(DatasetRecoveryPath(dataset_id=ds, path_order=i, path_sequence=r.path, cost=r.cost))
+        order = max(taken.get(ds, {0}))
+        for r in routes(graph, ds):
+            if (ds, tuple(r.path)) in held:
+                continue
+            order += 1
+            rows.append(DatasetRecoveryPath(dataset_id=ds, path_order=order, path_sequence=r.path, cost=r.cost,
+                                            derived=True))
     return rows
 
 
 def sync(store, catalog: MetadataCatalog | None = None) -> dict[str, int]:
-    """Write every route into dataset_lineage and recompute dataset_recovery_paths (one transaction).
-    Each stage's tables and column lineage come from what apply derived (brought up to date first),
-    so no SQL is parsed for the stages that did not change."""
+    """Write every route into dataset_lineage and recompute the derived dataset_recovery_paths (one
+    transaction); the operator's recovery paths are left as written. Each stage's tables and column
+    lineage come from what apply derived (brought up to date first), so no SQL is parsed for the
+    stages that did not change."""
     from lakehouse.metadata.derived import read_derived, refresh
     from lakehouse.metadata.store import TABLES
 
@@ -276,16 +317,20 @@ def sync(store, catalog: MetadataCatalog | None = None) -> dict[str, int]:
     _EDGE_CACHE.pop(id(catalog), None)
     edges = all_edges(catalog, derived)
     graph = build_graph(catalog)
-    paths = recovery_paths(graph)
     lin_t, lin_json = TABLES["dataset_lineage"]
     rp_t, rp_json = TABLES["dataset_recovery_paths"]
     store.create_all()
     with store.engine.begin() as conn:
+        # rows from before the `derived` column existed (NULL) were all derived: they go too
+        is_derived = sa.or_(rp_t.c.derived.is_(True), rp_t.c.derived.is_(None))
+        mine = set(conn.execute(sa.select(rp_t.c.dataset_id, rp_t.c.path_order).where(sa.not_(is_derived))).all())
+        kept = [p for p in operator_paths(catalog) if (p.dataset_id, p.path_order) in mine]
+        paths = recovery_paths(graph, kept)
         conn.execute(sa.delete(lin_t).where(
             sa.or_(lin_t.c.transform_name.like(STAGE_PREFIX + "%"), lin_t.c.transform_name.like(ALT_PREFIX + "%"))))
         for e in edges:
             store._upsert(conn, lin_t, lin_json, DatasetLineage, e)
-        conn.execute(sa.delete(rp_t))
+        conn.execute(sa.delete(rp_t).where(is_derived))
         for p in paths:
             conn.execute(sa.insert(rp_t).values(**store._row(p, rp_json)))
-    return {"dataset_lineage": len(edges), "dataset_recovery_paths": len(paths)}
+    return {"dataset_lineage": len(edges), "dataset_recovery_paths": len(paths) + len(kept)}

@@ -11,7 +11,17 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from lakehouse.lineage.graph import Route, build_graph, choose, edges_into, mark_availability, routes, sync
+from lakehouse.lineage.graph import (
+    Route,
+    build_graph,
+    candidate_routes,
+    choose,
+    edges_into,
+    mark_availability,
+    replicas,
+    stage_upstreams,
+    sync,
+)
 from lakehouse.metadata.model import MetadataCatalog, Source
 
 if TYPE_CHECKING:
@@ -171,9 +181,10 @@ def resolve_source(catalog: MetadataCatalog, dataset_id: str) -> Source | None:
 
 def route_report(platform: Platform, dataset_id: str, catalog: MetadataCatalog | None = None,
                  unavailable: dict[str, str] | None = None) -> tuple[list[Route], Route | None]:
-    """Every route into `dataset_id` with availability, and the one that would be used now."""
+    """Every route into `dataset_id` (the graph's and the operator's recovery paths) with
+    availability, and the one that would be used now."""
     catalog = catalog or platform.catalog()
-    rs = routes(build_graph(catalog), dataset_id)
+    rs = candidate_routes(catalog, dataset_id)
     mark_availability(rs, lambda ds: probe_dataset(platform, catalog, ds), unavailable)
     return rs, choose(rs)
 
@@ -198,8 +209,10 @@ def _unpack(runner_or_platform) -> tuple[Platform, StageRunner | None]:
 
 
 def reroute(runner_or_platform, dataset_id: str, *, failed: str | None = None,
-            error: BaseException | None = None, run_id: str | None = None) -> Reroute:
-    """Pick the cheapest available route into `dataset_id`, record it, and point the runner at it."""
+            error: BaseException | None = None, run_id: str | None = None,
+            accept: Callable[[Route], bool] | None = None, point_runner: bool = True) -> Reroute:
+    """Pick the cheapest available route into `dataset_id` (that `accept` allows), record it, and
+    point the runner at it (its source_override) unless `point_runner` is false."""
     platform, runner = _unpack(runner_or_platform)
     catalog = runner.catalog if runner else platform.catalog()
     run_id = run_id or (runner.run_id if runner else None)
@@ -209,7 +222,8 @@ def reroute(runner_or_platform, dataset_id: str, *, failed: str | None = None,
     failed = failed or current
     why = f"{type(error).__name__}: {error}" if error is not None else "reported unavailable"
     rs, _ = route_report(platform, dataset_id, catalog, {failed: why} if failed else None)
-    chosen = next((r for r in rs if r.available and resolve_source(catalog, r.upstream or "") is not None), None)
+    chosen = next((r for r in rs if r.available and resolve_source(catalog, r.upstream or "") is not None
+                   and (accept is None or accept(r))), None)
     considered = [{"path": r.path, "cost": r.cost, "default": r.is_default, "unavailable": r.unavailable}
                   for r in rs]
     audit = {"run_id": run_id, "dataset": dataset_id, "event": "reroute", "action": "switch_to_recovery_path",
@@ -231,7 +245,7 @@ def reroute(runner_or_platform, dataset_id: str, *, failed: str | None = None,
                          details={"from": decision.from_dataset_id, "to": decision.to_dataset_id,
                                   "path": chosen.path, "cost": chosen.cost, "considered": considered})
     log.warning(msg)
-    if runner is not None:
+    if runner is not None and point_runner:
         runner.source_override = chosen.upstream
     try:
         sync(platform.store, catalog)
@@ -258,14 +272,55 @@ def has_alternative(catalog: MetadataCatalog, dataset_id: str, current: str | No
     return any(e.from_dataset_id != current for e in edges_into(catalog, dataset_id))
 
 
+def sql_table_overrides(runner: StageRunner) -> dict[str, str]:
+    """For a SQL stage: each upstream table that is unavailable, swapped for the cheapest available
+    replacement. A replacement is the table's declared replica (`alternative_source_id` of its
+    target), or, for a stage with a single upstream, the upstream of any other route into the
+    stage's target (an explicit dataset_lineage row or an operator's recovery path); it must be an
+    Iceberg table. Returns {identifier in the SQL: replacement identifier}; raises NoRecoveryPath
+    when an unavailable table has no replacement. Stages with no other route are never probed."""
+    catalog, st = runner.catalog, runner.stage
+    ups = [u for u in stage_upstreams(catalog, st) if any(t.target_id == u for t in catalog.targets)]
+    g = build_graph(catalog)
+    others = {p for p in g.predecessors(st.target_id) if p not in ups} if st.target_id in g else set()
+    others |= {p.path_sequence[-2] for p in catalog.dataset_recovery_paths
+               if p.dataset_id == st.target_id and not p.derived}
+    if not ups or not (others - set(ups)):
+        return {}
+    reps = replicas(catalog)
+    overrides: dict[str, str] = {}
+    for up in ups:
+        ident = catalog.target(up).identifier
+        ok, why = probe_table(runner.platform, ident)
+        if ok:
+            continue
+
+        def replaces(route: Route, up=up) -> bool:
+            src = resolve_source(catalog, route.upstream or "")
+            return (route.upstream not in ups and src is not None and src.kind == "iceberg"
+                    and (route.upstream == reps.get(up) or len(ups) == 1))
+
+        decision = reroute(runner, st.target_id, failed=up, error=SourceUnavailable(why), accept=replaces,
+                           point_runner=False)
+        overrides[ident.lower()] = resolve_source(catalog, decision.to_dataset_id).table_identifier
+    return overrides
+
+
 def extract_with_recovery(runner: StageRunner, plan: Callable[[], Any]) -> Any:
     """Run the extract planning, rerouting first when the default upstream is down.
 
-    Only stages that read a source (not SQL stages) and have another route are rerouted;
-    without an alternative the stage behaves exactly as before (same errors, same skips).
+    A stage that reads a source and has another route reads the chosen upstream instead; a SQL
+    stage has each unavailable upstream table swapped for its replacement (`sql_table_overrides`).
+    Without an alternative the stage behaves exactly as before (same errors, same skips).
     """
     st = runner.stage
-    if st.transformation or not st.source_id:
+    if st.transformation:
+        runner.table_overrides = sql_table_overrides(runner)
+        out = plan()
+        if runner.table_overrides:
+            out.details["table_overrides"] = dict(runner.table_overrides)  # the load op reads the same tables
+        return out
+    if not st.source_id:
         return plan()
     active = active_reroute(runner.platform, runner.run_id, st.target_id)
     if active is not None:
