@@ -115,6 +115,7 @@ class LoadResult:
     mode: str = "APPEND"
     typenames: list[str] = field(default_factory=list)
     duration_s: float = 0.0
+    records_quarantined: int = 0  # raw_record over the application's max_record_bytes
 
     def metadata(self) -> dict[str, Any]:
         md: dict[str, Any] = {"table": self.table, "mode": self.mode, "files_loaded": self.files_loaded,
@@ -126,6 +127,9 @@ class LoadResult:
             md["quarantined_file_errors"] = str(self.quarantined[:20])
         if self.empty_files:
             md["empty_files"] = self.empty_files
+        if self.records_quarantined:
+            md["records_quarantined"] = self.records_quarantined
+            md["records_quarantined_in"] = self.table + "__quarantine"
         return md
 
 
@@ -159,11 +163,48 @@ def iceberg_schema():
     return Schema(*[NestedField(i, name, types[t], required=req) for i, (name, t, req) in enumerate(SCHEMA, 1)])
 
 
+#: `partition_by_day`: the UTC day of extracted_at (epoch ms), as Iceberg truncate on the long column
+DAY_MS = 86_400_000
+DAY_FIELD = "extracted_day"
+
+
+def _partition_spec(app: Application):
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import IdentityTransform, TruncateTransform
+
+    fields = [PartitionField(source_id=1, field_id=1000, transform=IdentityTransform(), name="typename")]
+    if app.partition_by_day:
+        col = COLUMNS.index("extracted_at") + 1  # field ids follow SCHEMA's order (iceberg_schema)
+        fields.append(PartitionField(source_id=col, field_id=1001, transform=TruncateTransform(DAY_MS), name=DAY_FIELD))
+    return PartitionSpec(*fields)
+
+
+def _evolve_partitioning(platform: Platform, app: Application, ident: str) -> None:
+    """An application that turned `partition_by_day` on: add the day field to its existing table
+    (Iceberg partition evolution: older files keep their layout, new ones get the day)."""
+    if not app.partition_by_day:
+        return
+    table = platform.pyiceberg_catalog().load_table(ident)
+    col = table.schema().find_field("extracted_at").field_id
+    if any(f.source_id == col and str(f.transform) == f"truncate[{DAY_MS}]" for f in table.spec().fields):
+        return
+    from lakehouse import spark as spark_mod
+
+    if spark_mod._SESSION is not None:
+        tables = platform.tables()
+        platform.spark().sql(f"ALTER TABLE {tables.qualified(ident)} ADD PARTITION FIELD "
+                             f"truncate({DAY_MS}, {quote('extracted_at')}) AS {quote(DAY_FIELD)}")
+    else:
+        from pyiceberg.transforms import TruncateTransform
+
+        with table.update_spec() as spec:
+            spec.add_field("extracted_at", TruncateTransform(DAY_MS), DAY_FIELD)
+    log.info("%s: now partitioned by typename and the day of extracted_at", ident)
+
+
 def ensure_table(platform: Platform, application_id: str, catalog: MetadataCatalog | None = None) -> bool:
     """Create entity_raw.<app> (registered apps only) with PyIceberg: no Spark needed. True if created."""
     from pyiceberg.exceptions import TableAlreadyExistsError
-    from pyiceberg.partitioning import PartitionField, PartitionSpec
-    from pyiceberg.transforms import IdentityTransform
 
     from lakehouse.catalog import ensure_namespace
 
@@ -178,8 +219,9 @@ def ensure_table(platform: Platform, application_id: str, catalog: MetadataCatal
     cat = platform.pyiceberg_catalog()
     ensure_namespace(cat, NAMESPACE)  # another load creating it at the same moment is fine
     if cat.table_exists(ident):
+        _evolve_partitioning(platform, app, ident)
         return False
-    spec = PartitionSpec(PartitionField(source_id=1, field_id=1000, transform=IdentityTransform(), name="typename"))
+    spec = _partition_spec(app)
     try:
         cat.create_table(ident, schema=iceberg_schema(), partition_spec=spec,
                          properties={"format-version": "2", "write.wap.enabled": "true",
@@ -193,6 +235,7 @@ def ensure_table(platform: Platform, application_id: str, catalog: MetadataCatal
 def _ensure_table_spark(platform: Platform, app: Application, ident: str) -> bool:
     tables = platform.tables()
     if tables.exists(ident):
+        _evolve_partitioning(platform, app, ident)
         return False
     tables.ensure_namespace(NAMESPACE)
     cols = ", ".join(f"{quote(c)} {t}{' NOT NULL' if req else ''}" for c, t, req in SCHEMA)
@@ -202,6 +245,7 @@ def _ensure_table_spark(platform: Platform, app: Application, ident: str) -> boo
         f"CREATE TABLE IF NOT EXISTS {tables.qualified(ident)} ({cols}) USING iceberg "
         f"PARTITIONED BY ({quote('typename')}) TBLPROPERTIES ("
         + ", ".join(f"{sql_string(k)}={sql_string(v)}" for k, v in props.items()) + ")")
+    _evolve_partitioning(platform, app, ident)  # Spark's CREATE cannot name the day field: add it named
     log.info("created %s for registered application %s", ident, app.application_id)
     return True
 
@@ -226,11 +270,12 @@ def parse_key(key: str, pattern: str = DEFAULT_KEY_PATTERN) -> dict[str, str]:
 
 def to_entity_raw(df: DataFrame, *, typename: str, connection_qualified_name: str, workflow_id: str,
                   workflow_run_id: str, extracted_at: int, tenant_id: str,
-                  entity_name_field: str | None) -> DataFrame:
-    """Raw rows -> entity_raw rows. Column references are backtick-quoted (`quote`), never pasted."""
+                  entity_name_field: str | None, passthrough: tuple[str, ...] = ()) -> DataFrame:
+    """Raw rows -> entity_raw rows. Column references are backtick-quoted (`quote`), never pasted.
+    `passthrough` columns (row provenance) are carried along, not put in raw_record."""
     from pyspark.sql import functions as F
 
-    cols = df.columns
+    cols = [c for c in df.columns if c not in passthrough]
     record = F.to_json(F.struct(*[F.col(quote(c)).alias(c) for c in cols]))
     name_col = (F.col(quote(entity_name_field)).cast("string") if entity_name_field and entity_name_field in cols
                 else F.lit(None).cast("string"))
@@ -243,6 +288,7 @@ def to_entity_raw(df: DataFrame, *, typename: str, connection_qualified_name: st
         F.lit(tenant_id).alias("tenant_id"),
         name_col.alias("entity_name"),
         F.coalesce(record, F.lit("{}")).alias("raw_record"),  # never null: the column is required
+        *[F.col(quote(c)) for c in passthrough],
     )
 
 
@@ -390,22 +436,31 @@ def load(platform: Platform, request: LoadRequest | dict, run_id: str | None = N
         c = contexts[f.key]
         groups.setdefault((c["typename"], c["workflow_id"], c["workflow_run_id"], c["connection_qualified_name"]),
                           []).append(f)
+    from lakehouse import entity_raw_cap
+
     for (typename, wf, wfr, cqn), fs in sorted(groups.items()):
         same_schema: dict[str, list[FileRef]] = {}
         for f in fs:  # Spark reads one schema per read: a file with other columns would lose them
             same_schema.setdefault(footer[f.key], []).append(f)
         for part in same_schema.values():
-            raw = spark.read.parquet(*[f.local_path for f in part])
+            raw = entity_raw_cap.with_provenance(spark.read.parquet(*[f.local_path for f in part]))
             frames.append(to_entity_raw(
                 raw, typename=typename, connection_qualified_name=cqn, workflow_id=wf, workflow_run_id=wfr,
                 extracted_at=extracted_at, tenant_id=request.tenant_id,
-                entity_name_field=app.entity_name_fields.get(typename.lower())))
+                entity_name_field=app.entity_name_fields.get(typename.lower()),
+                passthrough=entity_raw_cap.PROVENANCE))
     result.typenames = sorted({g[0] for g in groups})
     if frames:
         df = frames[0]
         for other in frames[1:]:
             df = df.unionByName(other)
-        superseded = _commit(platform, ident, df, request, groups, checked, ck, run_id, result, since)
+        cached = df.persist()  # the size check and the write share one read of the files
+        try:
+            df, result.records_quarantined = entity_raw_cap.apply_cap(platform, ident, cached, good,
+                                                                      app.max_record_bytes, run_id)
+            superseded = _commit(platform, ident, df, request, groups, checked, ck, run_id, result, since)
+        finally:
+            cached.unpersist()
         if superseded is not None:  # another run loaded some of these files first: load only the rest
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
