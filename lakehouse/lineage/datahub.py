@@ -1,6 +1,7 @@
 """DataHub emission with acryl-datahub: datasets + schemas, lineage with column-level lineage
-(FineGrainedLineage), pipelines/stages as DataFlow/DataJob, stage runs as DataProcessInstance,
-validation rules and results as assertions.
+(FineGrainedLineage), pipelines/stages as DataFlow/DataJob, each SQL stage's statement as a Query
+entity linked to its datasets (and named by the lineage edges it makes), stage runs as
+DataProcessInstance, validation rules and results as assertions.
 
 Delivery never fails a data run. With DATAHUB_GMS_URL set, every batch of proposals is first
 written to a durable spool on disk (a metadata file per batch, written atomically), then sent
@@ -29,7 +30,7 @@ from datahub.emitter import mce_builder as builder
 from datahub.emitter.mcp import MetadataChangeProposalWrapper
 from datahub.metadata import schema_classes as m
 
-from lakehouse.lineage.graph import edges_into
+from lakehouse.lineage.graph import STAGE_PREFIX, edges_into
 from lakehouse.metadata.model import MetadataCatalog, Rule, Source, Stage, Target
 
 if TYPE_CHECKING:
@@ -85,6 +86,14 @@ def flow_urn(pipeline_id: str) -> str:
 
 def job_urn(stage: Stage) -> str:
     return builder.make_data_job_urn_with_flow(flow_urn(stage.pipeline_id), stage.stage_name)
+
+
+def query_urn(stage: Stage) -> str:
+    """One Query entity per SQL stage: stable across runs, so each run updates the same query."""
+    from datahub.metadata.urns import QueryUrn
+
+    return QueryUrn(builder.datahub_guid(
+        {"platform": "lakehouse", "pipeline": stage.pipeline_id, "stage": stage.stage_name, "kind": "query"})).urn()
 
 
 def assertion_urn(stage: Stage, rule: Rule) -> str:
@@ -201,23 +210,52 @@ def fine_grained(catalog: MetadataCatalog, edges) -> list[m.FineGrainedLineageCl
                 upstreams=[builder.make_schema_field_urn(up_urn, c) for c in sources],
                 downstreamType=m.FineGrainedLineageDownstreamTypeClass.FIELD,
                 downstreams=[builder.make_schema_field_urn(down_urn, col)],
-                transformOperation=e.transform_name or None,
+                transformOperation=e.transform_name or None, query=_edge_query(catalog, e),
             ))
     return out
 
 
+def _edge_query(catalog: MetadataCatalog, e) -> str | None:
+    """The Query entity of the SQL stage an edge comes from (`stage:<pipeline>.<stage>`), if any."""
+    st = catalog.stage_for_target(e.to_dataset_id)
+    if st is None or not st.transformation or e.transform_name != f"{STAGE_PREFIX}{st.pipeline_id}.{st.stage_name}":
+        return None
+    return query_urn(st)
+
+
 def upstream_lineage(catalog: MetadataCatalog, dataset_id: str,
                      used_upstream: str | None = None) -> m.UpstreamLineageClass | None:
-    """The default routes into a dataset (plus the upstream a rerouted run actually read)."""
+    """The default routes into a dataset (plus the upstream a rerouted run actually read); an edge
+    made by a SQL stage names that stage's Query entity."""
     edges = [e for e in edges_into(catalog, dataset_id) if e.is_default or e.from_dataset_id == used_upstream]
     ups = []
     for e in edges:
         u = dataset_urn(catalog, e.from_dataset_id)
         if u:
-            ups.append(m.UpstreamClass(dataset=u, type=m.DatasetLineageTypeClass.TRANSFORMED))
+            ups.append(m.UpstreamClass(dataset=u, type=m.DatasetLineageTypeClass.TRANSFORMED,
+                                       query=_edge_query(catalog, e)))
     if not ups:
         return None
     return m.UpstreamLineageClass(upstreams=ups, fineGrainedLineages=fine_grained(catalog, edges) or None)
+
+
+def query_mcps(catalog: MetadataCatalog, stage: Stage) -> list[MetadataChangeProposalWrapper]:
+    """A SQL stage's statement as a DataHub Query entity (queryProperties, querySubjects) linked to
+    the datasets it reads and writes, with the stage's DataJob as its origin."""
+    if not stage.transformation:
+        return []
+    from lakehouse.lineage.graph import stage_upstreams
+
+    subjects = [u for u in (dataset_urn(catalog, d) for d in [*stage_upstreams(catalog, stage), stage.target_id]) if u]
+    stamp = m.AuditStampClass(time=int(time.time() * 1000), actor=builder.make_user_urn("lakehouse"))
+    props = m.QueryPropertiesClass(
+        statement=m.QueryStatementClass(value=stage.transformation.strip(), language=m.QueryLanguageClass.SQL),
+        source=m.QuerySourceClass.MANUAL, name=f"{stage.pipeline_id}.{stage.stage_name}",
+        description=stage.description or None, created=stamp, lastModified=stamp, origin=job_urn(stage),
+        customProperties={"pipeline": stage.pipeline_id, "stage": stage.stage_name, "layer": stage.layer})
+    # (datahub.sql_parsing's make_query_subjects does the same, but importing it needs the sqlparse extra)
+    links = m.QuerySubjectsClass(subjects=[m.QuerySubjectClass(entity=u) for u in subjects])
+    return list(MetadataChangeProposalWrapper.construct_many(query_urn(stage), aspects=[props, links]))
 
 
 def flow_mcps(catalog: MetadataCatalog, pipeline_id: str) -> list[MetadataChangeProposalWrapper]:
@@ -305,6 +343,7 @@ def catalog_mcps(platform: Platform | None, catalog: MetadataCatalog) -> list[Me
         out.extend(flow_mcps(catalog, p.pipeline_id))
     for st in catalog.stages:
         out.extend(job_mcps(catalog, st))
+        out.extend(query_mcps(catalog, st))
         out.extend(assertion_info_mcps(catalog, st))
     return out
 
@@ -347,6 +386,7 @@ def run_mcps(runner: StageRunner, outcome: StageOutcome | None, *, success: bool
         out.append(_mcp(dataset_urn(catalog, st.target_id), lineage))
     job = _datajob(catalog, st, used_upstream)
     out.extend(job.generate_mcp(materialize_iolets=False))
+    out.extend(query_mcps(catalog, st))
     out.extend(assertion_info_mcps(catalog, st))
     dpi = DataProcessInstance.from_datajob(job, id=f"{runner.run_id}.{st.stage_name}", clone_inlets=True,
                                            clone_outlets=True)

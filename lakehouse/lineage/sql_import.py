@@ -1,10 +1,12 @@
-"""`lakehouse sql import FILE.sql`: CREATE TABLE AS / INSERT INTO statements → metadata YAML.
+"""`lakehouse sql import FILE.sql`: CREATE TABLE AS / INSERT INTO / COPY statements → metadata YAML.
 
-Each statement becomes a target, a stage whose transformation is the statement's SELECT (table
-names resolved to lake identifiers), and dataset_lineage rows with column lineage. The medallion
-layer comes from the names (a `bronze`/`silver`/`gold` token) or else from the lineage (one layer
-above the highest upstream; aggregates land in gold). The result is validated merged with the
-current metadata before anything is written, so what comes out applies cleanly.
+Each CTAS / INSERT statement becomes a target, a stage whose transformation is the statement's
+SELECT (table names resolved to lake identifiers), and dataset_lineage rows with column lineage.
+The medallion layer comes from the names (a `bronze`/`silver`/`gold` token) or else from the
+lineage (one layer above the highest upstream; aggregates land in gold). A Redshift `COPY t FROM
+'s3://…'` becomes an S3 source and a bronze stage loading it (`lakehouse.lineage.sql_copy`). The
+result is validated merged with the current metadata before anything is written, so what comes
+out applies cleanly.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from lakehouse.metadata.model import (
     DatasetLineage,
     MetadataCatalog,
     Pipeline,
+    Source,
     Stage,
     Target,
 )
@@ -45,13 +48,16 @@ class SqlImportError(ValueError):
 @dataclass
 class ImportResult:
     pipelines: list[Pipeline] = field(default_factory=list)
+    sources: list[Source] = field(default_factory=list)
     targets: list[Target] = field(default_factory=list)
     stages: list[Stage] = field(default_factory=list)
     dataset_lineage: list[DatasetLineage] = field(default_factory=list)
+    #: what a statement said that the metadata does not carry (e.g. COPY options), for the operator
+    notes: list[str] = field(default_factory=list)
 
     def as_yaml_doc(self) -> dict[str, list[dict[str, Any]]]:
         doc: dict[str, list[dict[str, Any]]] = {}
-        for section in ("pipelines", "targets", "stages", "dataset_lineage"):
+        for section in ("pipelines", "sources", "targets", "stages", "dataset_lineage"):
             rows = getattr(self, section)
             if rows:
                 doc[section] = [r.model_dump(mode="json", exclude_defaults=True) for r in rows]
@@ -74,7 +80,8 @@ class ImportResult:
                     if k in row and "\n" in row[k]:
                         row[k] = _Literal(row[k].rstrip() + "\n")
         body = yaml.safe_dump(doc, sort_keys=False, width=100)
-        return (header + body) if header else body
+        notes = "".join(f"# note: {n}\n" for n in self.notes)
+        return header + notes + body
 
 
 def parse_statements(text: str, file_name: str = "<sql>", dialect: str = DIALECT) -> list[exp.Expression]:
@@ -151,85 +158,158 @@ def import_sql(text: str, catalog: MetadataCatalog, *, file_name: str = "<sql>",
                dialect: str = DIALECT) -> ImportResult:
     """The metadata a SQL script implies, validated merged with `catalog`."""
     statements = parse_statements(text, file_name, dialect)
-    res = ImportResult()
-    resolver = _Resolver(catalog)
-    orders: dict[str, int] = {}
+    st = _State(catalog, file_name, pipeline_id)
     for p in catalog.pipelines:
-        orders[p.pipeline_id] = max((s.stage_order for s in catalog.stages_of(p.pipeline_id)), default=0)
-    asset_keys = {(s.layer, catalog.target(s.target_id).table): s for s in catalog.stages}
+        st.orders[p.pipeline_id] = max((s.stage_order for s in catalog.stages_of(p.pipeline_id)), default=0)
+    st.asset_keys = {(s.layer, catalog.target(s.target_id).table): s for s in catalog.stages}
     for i, stmt in enumerate(statements, start=1):
         where = f"{file_name}: statement {i}"
-        target_table, query, write_mode, columns = _unpack(stmt, where)
-        ns = target_table.db or None
-        tbl = target_table.name
-        ups = []
-        from lakehouse.sqlparse import tables_in_sql
+        if isinstance(stmt, exp.Copy):
+            from lakehouse.lineage.sql_copy import CopyImportError, import_copy
 
-        upstream_names = tables_in_sql(query.sql(dialect=dialect), dialect)
-        for up in upstream_names:
-            r = resolver.resolve(up)
-            if r is None:
-                known = sorted(t.identifier for t in catalog.targets if t.kind == "iceberg")
-                raise SqlImportError(
-                    f"{where}: table {up!r} is not a lake table in the metadata nor created earlier in "
-                    f"{file_name}; known tables: {known}. Import or define its producer first."
-                )
-            ups.append((up, *r))
-        layer = infer_layer(ns, tbl, [u[3] for u in ups if u[3]], query)
-        namespace = _safe_ident(ns or layer).lower()
-        table = _safe_ident(tbl).lower()
-        identifier = f"{namespace}.{table}"
-        existing = catalog.target_by_identifier(identifier)
-        target_id = existing.target_id if existing else _safe_ident(f"{namespace}_{table}")
-        # the stage: in the pipeline of the first upstream's producer unless told otherwise
-        pid = pipeline_id
+            try:
+                import_copy(st, stmt, i, where)
+            except CopyImportError as exc:
+                raise SqlImportError(str(exc)) from None
+            continue
+        ddl = _table_ddl(stmt)
+        if ddl is not None:  # a plain CREATE TABLE: the column types of a COPY into it
+            st.ddl[table_name(ddl[0])] = (ddl[1], where)
+            continue
+        _import_select(st, stmt, where, i, dialect)
+    unused = [w for name, (_, w) in st.ddl.items() if name not in st.copied]
+    if unused:
+        raise SqlImportError(f"{unused[0]}: the statement has no SELECT (a plain CREATE TABLE has no lineage; it is "
+                             "imported only as the columns of a COPY into the same table)")
+    _validate_merged(catalog, st.res, file_name)
+    return st.res
+
+
+@dataclass
+class _State:
+    """What one import has decided so far (shared by SELECT and COPY statements)."""
+
+    catalog: MetadataCatalog
+    file_name: str
+    pipeline_id: str | None
+    res: ImportResult = field(default_factory=lambda: ImportResult())
+    orders: dict[str, int] = field(default_factory=dict)
+    asset_keys: dict[tuple[str, str], Stage] = field(default_factory=dict)
+    ddl: dict[str, tuple[list, str]] = field(default_factory=dict)  # table -> (ColumnDefs, where)
+    copied: set[str] = field(default_factory=set)
+    resolver: _Resolver | None = None
+
+    def __post_init__(self) -> None:
+        self.resolver = _Resolver(self.catalog)
+
+    def place(self, where: str, identifier: str, layer: str, table: str, target_id: str,
+              upstream_ids: list[str]) -> tuple[str, int, str]:
+        """(pipeline, stage_order, stage_name) of the stage writing `target_id`: the upstream producer's
+        pipeline unless told otherwise; a table already in the metadata keeps its stage."""
+        catalog, res = self.catalog, self.res
+        pid = self.pipeline_id
         if pid is None:
-            for u in ups:
-                prod = catalog.stage_for_target(u[1]) or next((s for s in res.stages if s.target_id == u[1]), None)
+            for up in upstream_ids:
+                prod = catalog.stage_for_target(up) or next((s for s in res.stages if s.target_id == up), None)
                 if prod is not None:
                     pid = prod.pipeline_id
                     break
         pid = pid or DEFAULT_PIPELINE
-        if pid not in orders:
-            res.pipelines.append(Pipeline(pipeline_id=pid, description=f"imported from {Path(file_name).name}"))
-            orders[pid] = 0
+        if pid not in self.orders:
+            res.pipelines.append(Pipeline(pipeline_id=pid, description=f"imported from {Path(self.file_name).name}"))
+            self.orders[pid] = 0
         prev = catalog.stage_for_target(target_id)
         if prev is not None:  # re-importing a table: update its stage in place
             pid, order, stage_name = prev.pipeline_id, prev.stage_order, prev.stage_name
         else:
-            orders[pid] += 1
-            order = orders[pid]
-            names = {s.stage_name for s in catalog.stages_of(pid)} | {s.stage_name for s in res.stages if s.pipeline_id == pid}
+            self.orders[pid] += 1
+            order = self.orders[pid]
+            names = {s.stage_name for s in catalog.stages_of(pid)} | {s.stage_name for s in res.stages
+                                                                       if s.pipeline_id == pid}
             stage_name = table if table not in names else f"{layer}_{table}"
             if not IDENT_RE.match(stage_name) or stage_name in names:
                 raise SqlImportError(f"{where}: cannot name the stage for {identifier}: {stage_name!r} is taken")
-        clash = asset_keys.get((layer, table))
+        clash = self.asset_keys.get((layer, table))
         if clash is not None and clash.target_id != target_id:
             raise SqlImportError(
                 f"{where}: {identifier} would be asset {layer}/{table}, already the asset of stage "
                 f"{clash.pipeline_id}.{clash.stage_name} ({catalog.target(clash.target_id).identifier}); "
                 "rename the table"
             )
-        mapping = {u[0].lower(): u[2] for u in ups}
-        select = _rewrite(query, mapping, columns)
-        sql_text = select.sql(dialect=DIALECT, pretty=True)
-        cl = column_lineage(select, dialect=DIALECT).by_upstream()
+        return pid, order, stage_name
+
+    def target_for(self, ns: str | None, tbl: str, layer: str, write_mode: str) -> tuple[str, str, str, bool]:
+        """(identifier, table, target_id, is_new) of the table a statement writes. An unqualified name
+        that is a target id of the metadata is that target; one prefixed with its layer
+        (`bronze_user_events`) is that layer's table (`bronze.user_events`)."""
+        if ns is None:
+            hit = next((t for t in self.catalog.targets if t.kind == "iceberg" and t.target_id.lower() == tbl.lower()),
+                       None)
+            if hit is not None:
+                return hit.identifier, hit.table, hit.target_id, False
+            if tbl.lower().startswith(layer + "_") and len(tbl) > len(layer) + 1:
+                tbl = tbl[len(layer) + 1:]
+        namespace = _safe_ident(ns or layer).lower()
+        table = _safe_ident(tbl).lower()
+        identifier = f"{namespace}.{table}"
+        existing = self.catalog.target_by_identifier(identifier)
+        target_id = existing.target_id if existing else _safe_ident(f"{namespace}_{table}")
         if existing is None:
-            res.targets.append(Target(target_id=target_id, namespace=namespace, table=table, write_mode=write_mode,
-                                      description=f"{identifier}, imported from {Path(file_name).name}"))
-        res.stages.append(Stage(pipeline_id=pid, stage_order=order, stage_name=stage_name, layer=layer,
-                                target_id=target_id, transformation=sql_text,
-                                description=f"imported from {Path(file_name).name} (statement {i})"))
-        for _name, up_id, up_ident, _ in ups:
-            res.dataset_lineage.append(DatasetLineage(
-                from_dataset_id=up_id, to_dataset_id=target_id,
-                transform_name=f"{STAGE_PREFIX}{pid}.{stage_name}", cost=1.0, is_default=True,
-                transformation_sql=sql_text, column_lineage=cl.get(up_ident.lower(), {}),
-            ))
-        resolver.add([table_name(target_table), identifier, target_id], target_id, identifier, layer)
-        asset_keys[(layer, table)] = res.stages[-1]
-    _validate_merged(catalog, res, file_name)
-    return res
+            self.res.targets.append(Target(target_id=target_id, namespace=namespace, table=table,
+                                           write_mode=write_mode,
+                                           description=f"{identifier}, imported from {Path(self.file_name).name}"))
+        return identifier, table, target_id, existing is None
+
+    def added(self, stage: Stage, names: list[str], identifier: str) -> None:
+        self.res.stages.append(stage)
+        self.resolver.add(names, stage.target_id, identifier, stage.layer)
+        self.asset_keys[(stage.layer, identifier.split(".", 1)[1])] = stage
+
+
+def _import_select(st: _State, stmt: exp.Expression, where: str, i: int, dialect: str) -> None:
+    """CREATE TABLE ... AS SELECT / INSERT INTO ... SELECT: a target, a SQL stage, lineage rows."""
+    from lakehouse.sqlparse import tables_in_sql
+
+    catalog, file_name = st.catalog, st.file_name
+    target_table, query, write_mode, columns = _unpack(stmt, where)
+    ns = target_table.db or None
+    tbl = target_table.name
+    ups = []
+    for up in tables_in_sql(query.sql(dialect=dialect), dialect):
+        r = st.resolver.resolve(up)
+        if r is None:
+            known = sorted(t.identifier for t in catalog.targets if t.kind == "iceberg")
+            raise SqlImportError(
+                f"{where}: table {up!r} is not a lake table in the metadata nor created earlier in "
+                f"{file_name}; known tables: {known}. Import or define its producer first."
+            )
+        ups.append((up, *r))
+    layer = infer_layer(ns, tbl, [u[3] for u in ups if u[3]], query)
+    identifier, table, target_id, _ = st.target_for(ns, tbl, layer, write_mode)
+    pid, order, stage_name = st.place(where, identifier, layer, table, target_id, [u[1] for u in ups])
+    mapping = {u[0].lower(): u[2] for u in ups}
+    select = _rewrite(query, mapping, columns)
+    sql_text = select.sql(dialect=DIALECT, pretty=True)
+    cl = column_lineage(select, dialect=DIALECT).by_upstream()
+    st.added(Stage(pipeline_id=pid, stage_order=order, stage_name=stage_name, layer=layer, target_id=target_id,
+                   transformation=sql_text, description=f"imported from {Path(file_name).name} (statement {i})"),
+             [table_name(target_table), identifier, target_id], identifier)
+    for _name, up_id, up_ident, _ in ups:
+        st.res.dataset_lineage.append(DatasetLineage(
+            from_dataset_id=up_id, to_dataset_id=target_id,
+            transform_name=f"{STAGE_PREFIX}{pid}.{stage_name}", cost=1.0, is_default=True,
+            transformation_sql=sql_text, column_lineage=cl.get(up_ident.lower(), {}),
+        ))
+
+
+def _table_ddl(stmt: exp.Expression) -> tuple[exp.Table, list] | None:
+    """(table, column definitions) of a plain `CREATE TABLE t (col type, ...)`, else None."""
+    if not (isinstance(stmt, exp.Create) and (stmt.args.get("kind") or "").upper() == "TABLE"):
+        return None
+    if stmt.expression is not None or not isinstance(stmt.this, exp.Schema):
+        return None
+    cols = [c for c in stmt.this.expressions if isinstance(c, exp.ColumnDef)]
+    return (stmt.this.this, cols) if cols and isinstance(stmt.this.this, exp.Table) else None
 
 
 def _unpack(stmt: exp.Expression, where: str) -> tuple[exp.Table, exp.Expression, str, list[str]]:
@@ -241,8 +321,8 @@ def _unpack(stmt: exp.Expression, where: str) -> tuple[exp.Table, exp.Expression
         mode = "overwrite" if stmt.args.get("overwrite") else "append"
     else:
         kind = stmt.key.upper() if isinstance(stmt, exp.Expression) else type(stmt).__name__
-        raise SqlImportError(f"{where}: only CREATE TABLE ... AS SELECT and INSERT INTO ... SELECT can be "
-                             f"imported, not {kind}: {stmt.sql()[:80]!r}")
+        raise SqlImportError(f"{where}: only CREATE TABLE ... AS SELECT, INSERT INTO ... SELECT and COPY ... FROM "
+                             f"'s3://...' can be imported, not {kind}: {stmt.sql()[:80]!r}")
     if not isinstance(query, exp.Query):
         raise SqlImportError(f"{where}: the statement has no SELECT (a plain CREATE TABLE has no lineage)")
     tgt = stmt.this
