@@ -105,7 +105,7 @@ def _utc(ts: datetime | None) -> datetime | None:
 
 @dataclass
 class Alert:
-    kind: str  # one of lakehouse.metadata.model.ALERT_EVENTS
+    kind: str  # one of lakehouse.metadata.model.AlertEvent
     dedupe_key: str
     message: str  # the run's failure message, verbatim
     next_step: str

@@ -126,10 +126,10 @@ def cmd_run(args) -> int:
     print(summary.table())
     if not result.success:  # no daemon may be watching this instance: raise the run-failure alert here
         from lakehouse.alerts import run_finished
-        from sensors.alerts import failure_summary
+        from lakehouse.dagster_runs import failure_summary
 
         run = headless.instance.get_run_by_id(result.run_id)
-        message, failed = failure_summary(headless.instance, run, f"run {result.run_id} failed", catalog)
+        message, failed = failure_summary(headless.instance, run.run_id, f"run {result.run_id} failed", catalog)
         run_finished(platform.store, run_id=result.run_id, status="FAILURE", job_name=run.job_name,
                      tags=dict(run.tags), message=message, failed=failed)
     from lakehouse.spark import release_jvm_at_exit

@@ -7,7 +7,10 @@ Shared by the alert sensors (the alert quotes the run's failure message) and the
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lakehouse.metadata.model import MetadataCatalog
 
 
 def step_failures(instance: Any, run_id: str) -> list[tuple[str, str]]:
@@ -42,3 +45,17 @@ def run_failure_message(instance: Any, run_id: str) -> str | None:
 
     recs = instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
     return recs[-1].dagster_event.message if recs else None
+
+
+def failure_summary(instance: Any, run_id: str, fallback: str, catalog: MetadataCatalog
+                    ) -> tuple[str, list[tuple[str, str | None]]]:
+    """The run's failure message (each failed step's own error, as the UI shows it) and, per failed
+    step, (pipeline.stage, dataset) — or (step key, None) for a step that is no stage's."""
+    # a stage is asset [layer, target table] (lakehouse_assets.factory.stage_asset_key), its ops
+    # "<layer>__<table>__extract|load", their step keys "<graph>.<op>"
+    owners = {f"{s.layer}__{catalog.target(s.target_id).table}": (f"{s.pipeline_id}.{s.stage_name}",
+                                                                   catalog.target(s.target_id).identifier)
+              for s in catalog.stages}
+    failures = step_failures(instance, run_id)
+    failed = [owners.get(step.rsplit(".", 1)[-1].rsplit("__", 1)[0], (step, None)) for step, _ in failures]
+    return ("\n".join(f"{step}: {text}" for step, text in failures) or fallback), failed

@@ -12,7 +12,7 @@ import os
 import dagster as dg
 
 from lakehouse import alerts
-from lakehouse.metadata.model import MetadataCatalog
+from lakehouse.dagster_runs import failure_summary
 from lakehouse.runner import Platform
 
 FAILURE_SENSOR = "lakehouse_alerts_run_failure"
@@ -20,30 +20,9 @@ CANCELED_SENSOR = "lakehouse_alerts_run_canceled"
 DELIVERY_SENSOR = "lakehouse_alerts_delivery"
 
 
-def _step_owners(catalog: MetadataCatalog) -> dict[str, tuple[str, str]]:
-    """Op-name prefix of each stage (`<asset key>__extract|load`) -> (pipeline.stage, dataset)."""
-    from lakehouse_assets.factory import stage_asset_key
-
-    return {stage_asset_key(catalog, s).to_python_identifier(): (f"{s.pipeline_id}.{s.stage_name}",
-                                                                 catalog.target(s.target_id).identifier)
-            for s in catalog.stages}
-
-
-def failure_summary(instance: dg.DagsterInstance, run: dg.DagsterRun, fallback: str,
-                    catalog: MetadataCatalog) -> tuple[str, list[tuple[str, str | None]]]:
-    """The run's failure message (each failed step's own error, as the UI shows it) and its stages."""
-    from lakehouse.dagster_runs import step_failures
-
-    owners = _step_owners(catalog)
-    failures = step_failures(instance, run.run_id)
-    # step keys of a graph-backed stage asset: "<graph>.<asset identifier>__extract|load"
-    failed = [owners.get(step.rsplit(".", 1)[-1].rsplit("__", 1)[0], (step, None)) for step, _ in failures]
-    return ("\n".join(f"{step}: {text}" for step, text in failures) or fallback), failed
-
-
 def _report(context, run: dg.DagsterRun, status: str, fallback: str) -> dg.SkipReason:
     platform = Platform.from_env()
-    message, failed = failure_summary(context.instance, run, fallback, platform.catalog())
+    message, failed = failure_summary(context.instance, run.run_id, fallback, platform.catalog())
     res = alerts.run_finished(platform.store, run_id=run.run_id, status=status, job_name=run.job_name,
                               tags=dict(run.tags), message=message, failed=failed)
     if res is None:

@@ -573,7 +573,6 @@ class AuditLogEntry(BaseModel):
 
 
 AlertEvent = Literal["audit_failed", "run_failed", "run_canceled", "kill_switch", "source_unavailable"]
-ALERT_EVENTS: tuple[str, ...] = ("audit_failed", "run_failed", "run_canceled", "kill_switch", "source_unavailable")
 
 
 class AlertChannel(Entity):
