@@ -1,5 +1,6 @@
 """Dagster shell of `lakehouse.entity_raw`: one asset per registered application (group entity_raw),
-an arrival sensor on each application's extraction output prefix, and the 10-minute table job."""
+an arrival sensor on each application's extraction output prefix, the 10-minute table job, and one
+load job per application that the load API (`lakehouse serve`) submits."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import dagster as dg
 from lakehouse import entity_raw
 from lakehouse.metadata.model import Application, MetadataCatalog
 from lakehouse.runner import Platform
+from lakehouse.service import jobs
+from lakehouse.service.runs import load_job_name
 
 TABLES_JOB = "entity_raw_tables_job"
 
@@ -28,6 +31,8 @@ def _asset(catalog: MetadataCatalog, app: Application) -> dg.AssetsDefinition:
         key=entity_raw_asset_key(app_id),
         group_name="entity_raw",
         kinds={"spark", "iceberg"},
+        # a `throttles` row on the application's source limits its loads (pipelines' and the API's alike)
+        pool=f"source:{app.source_id}" if app.source_id else None,
         required_resource_keys={"lakehouse"},
         description=(app.description or f"Raw extraction records of {app_id}")
         + f"\n\nTable `{entity_raw.table_identifier(app_id)}`, fed from `{where}`; raw rows kept as JSON in `raw_record`.",
@@ -36,7 +41,11 @@ def _asset(catalog: MetadataCatalog, app: Application) -> dg.AssetsDefinition:
     )
     def _load(context) -> dg.MaterializeResult:  # unannotated: postponed annotations fail Dagster's context check
         platform = context.resources.lakehouse.platform()
-        res = entity_raw.load_new_files(platform, app_id, context.run_id, dict(context.run_tags))
+        job_id = context.run_tags.get(jobs.JOB_TAG)
+        if job_id:  # a POST /load of the load API: exactly that request
+            res = jobs.run(platform, job_id, context.run_id, app_id)
+        else:
+            res = entity_raw.load_new_files(platform, app_id, context.run_id, dict(context.run_tags))
         context.log.info(f"{res.table}: {res.files_loaded} file(s), {res.rows_written} row(s)"
                          + (f", {len(res.quarantined)} quarantined" if res.quarantined else ""))
         return dg.MaterializeResult(metadata=res.metadata())
@@ -111,11 +120,20 @@ def entity_raw_tables_schedule(context: dg.ScheduleEvaluationContext):
     return dg.SkipReason("created " + ", ".join(created) if created else "every registered application has its table")
 
 
+def _load_job(app: Application) -> dg.UnresolvedAssetJobDefinition:
+    """The job the load API submits for one application (`lakehouse.service.runs`)."""
+    return dg.define_asset_job(load_job_name(app.application_id),
+                               selection=dg.AssetSelection.assets(entity_raw_asset_key(app.application_id)),
+                               description=f"One POST /load of the load API into "
+                                           f"{entity_raw.table_identifier(app.application_id)}.",
+                               tags={"lakehouse/application": app.application_id})
+
+
 def entity_raw_definitions(catalog: MetadataCatalog) -> dict[str, list]:
     apps = entity_raw.registered(catalog)
     return {
         "assets": [_asset(catalog, a) for a in apps],
         "sensors": [_sensor(a, a.source_id) for a in apps if a.source_id],
-        "jobs": [entity_raw_tables_job],
+        "jobs": [entity_raw_tables_job, *(_load_job(a) for a in apps)],
         "schedules": [entity_raw_tables_schedule],
     }

@@ -1,0 +1,58 @@
+"""`lakehouse serve [--host H] [--port P]`: the entity_raw load API (FastAPI on uvicorn).
+
+Needs LAKEHOUSE_API_TOKEN (the bearer token every request must carry) and DAGSTER_HOME (the
+instance whose run coordinator queues the loads; a dagster-daemon must be running for a queued
+coordinator). The code location comes from --workspace (default ./workspace.yaml).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from lakehouse.cli import EXTRA_COMMANDS
+
+TOKEN_ENV = "LAKEHOUSE_API_TOKEN"
+
+
+def cmd_serve(args) -> int:
+    token = os.environ.get(TOKEN_ENV, "")
+    if not token:
+        print(f"error: set {TOKEN_ENV} to the bearer token clients must send; the load API never runs open",
+              file=sys.stderr)
+        return 2
+    if not os.environ.get("DAGSTER_HOME"):
+        print("error: set DAGSTER_HOME to the Dagster instance that runs the loads (its dagster.yaml)",
+              file=sys.stderr)
+        return 2
+    if not os.path.isfile(args.workspace):
+        print(f"error: no workspace file {args.workspace}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from lakehouse.runner import Platform
+    from lakehouse.service.app import create_app
+    from lakehouse.service.runs import RunGateway
+
+    gateway = RunGateway(args.workspace, args.location)
+    gateway.start()  # the code location loads before the first request
+    try:
+        app = create_app(Platform.from_env(), gateway, token)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
+    finally:
+        gateway.close()
+    return 0
+
+
+def register(sub) -> None:
+    s = sub.add_parser("serve", help="the entity_raw load API: POST /load, GET /load/{id}, GET /health")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8600)
+    s.add_argument("--workspace", default="workspace.yaml", help="Dagster workspace file of the code location")
+    s.add_argument("--location", default="lakehouse", help="code location name in the workspace")
+    s.add_argument("--log-level", default="info")
+    s.add_argument("--access-log", action="store_true", help="log every request")
+    s.set_defaults(func=cmd_serve)
+
+
+EXTRA_COMMANDS.append(register)
