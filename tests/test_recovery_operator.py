@@ -88,13 +88,13 @@ def test_operator_paths_are_validated(tmp_path):
 
 @pytest.mark.slow
 def test_sql_stage_reads_the_declared_replica_when_its_upstream_is_unavailable(platform, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAKEHOUSE_AUTO_APPLY", "0")  # before the first import of the code location
+    monkeypatch.setenv("LAKEHOUSE_DATAHUB", "off")
     from pyiceberg.catalog.sql import SqlCatalog
 
     from lakehouse.demo import generate_user_events
     from lakehouse_assets.definitions import build_definitions
 
-    monkeypatch.setenv("LAKEHOUSE_AUTO_APPLY", "0")
-    monkeypatch.setenv("LAKEHOUSE_DATAHUB", "off")
     meta = tmp_path / "meta"
     shutil.copytree(REPO / "metadata" / "demo", meta)
     doc = yaml.safe_load((meta / "user_events.yaml").read_text())
