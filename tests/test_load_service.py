@@ -1,7 +1,8 @@
 """The entity_raw load service (seed 000) over HTTP, against the real server process: `lakehouse
 serve` (uvicorn) on a free port, a persistent Dagster instance with the queued run coordinator and
-`dagster-daemon run` dequeuing the load runs. Results are read back with PyIceberg, an independent
-reader (the loads write through Spark)."""
+`dagster-daemon run` dequeuing the load runs (two at a time), the Iceberg catalog on PostgreSQL as in
+production. Results are read back with PyIceberg, an independent reader (the loads write through
+Spark)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore
 from tests.fixtures.dagster_daemon import SLOW_MACHINE_ENV, DagsterDaemon, write_instance_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(2400)]
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "svc-test-token-0123456789"
@@ -96,11 +97,14 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory, lake_home):
+def service(tmp_path_factory, lake_home, postgres_server):
     home = tmp_path_factory.mktemp("load_service")
+    pg = postgres_server
+    catalog_db = pg.create_database()  # the multi-user catalog, as in production (loads commit side by side)
     env = {**os.environ, **SLOW_MACHINE_ENV,
            "LAKEHOUSE_HOME": str(home), "LAKEHOUSE_CONTROL_DB_URL": f"sqlite:///{home / 'control.db'}",
-           "LAKEHOUSE_CATALOG_NAME": "lake_svc", "LAKEHOUSE_CATALOG_URI": f"sqlite:///{home / 'catalog.db'}",
+           "LAKEHOUSE_CATALOG_NAME": "lake_svc", "LAKEHOUSE_CATALOG_URI": f"postgresql://{pg.host}:{pg.port}/{catalog_db}",
+           "LAKEHOUSE_CATALOG_USER": pg.user, "LAKEHOUSE_CATALOG_PASSWORD": pg.password,
            "LAKEHOUSE_WAREHOUSE": f"file://{home / 'warehouse'}", "LAKEHOUSE_AUTO_APPLY": "0",
            "LAKEHOUSE_DATAHUB": "off", "LAKEHOUSE_SPARK_MASTER": "local[1]", "LAKEHOUSE_SHUFFLE_PARTITIONS": "1",
            "LAKEHOUSE_API_TOKEN": TOKEN, "DAGSTER_HOME": str(home / "dagster")}
@@ -124,7 +128,7 @@ def service(tmp_path_factory, lake_home):
                                  "--port", str(port), "--workspace", str(dagster_home / "workspace.yaml")],
                                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         svc = Service(f"http://127.0.0.1:{port}", home / "landing" / "extract" / "redshift",
-                      SqlCatalog("lake_svc", uri=env["LAKEHOUSE_CATALOG_URI"], warehouse=env["LAKEHOUSE_WAREHOUSE"]),
+                      SqlCatalog("lake_svc", uri=pg.sqlalchemy_url(catalog_db), warehouse=env["LAKEHOUSE_WAREHOUSE"]),
                       proc, log)
         deadline = time.monotonic() + 600
         while True:
