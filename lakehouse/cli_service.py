@@ -1,8 +1,9 @@
 """`lakehouse serve [--host H] [--port P]`: the entity_raw load API (FastAPI on uvicorn).
 
-Needs LAKEHOUSE_API_TOKEN (the bearer token every request must carry) and DAGSTER_HOME (the
-instance whose run coordinator queues the loads; a dagster-daemon must be running for a queued
-coordinator). The code location comes from --workspace (default ./workspace.yaml).
+Needs LAKEHOUSE_API_TOKEN (the bearer token every request must carry). Loads are runs of the
+Dagster instance of DAGSTER_HOME (default $LAKEHOUSE_HOME/dagster_home, the one `lakehouse run`,
+the UI and the daemon share); its run coordinator queues them, so a dagster-daemon must be running.
+The code location comes from --workspace (default ./workspace.yaml).
 """
 
 from __future__ import annotations
@@ -21,10 +22,6 @@ def cmd_serve(args) -> int:
         print(f"error: set {TOKEN_ENV} to the bearer token clients must send; the load API never runs open",
               file=sys.stderr)
         return 2
-    if not os.environ.get("DAGSTER_HOME"):
-        print("error: set DAGSTER_HOME to the Dagster instance that runs the loads (its dagster.yaml)",
-              file=sys.stderr)
-        return 2
     if not os.path.isfile(args.workspace):
         print(f"error: no workspace file {args.workspace}", file=sys.stderr)
         return 2
@@ -33,11 +30,14 @@ def cmd_serve(args) -> int:
     from lakehouse.runner import Platform
     from lakehouse.service.app import create_app
     from lakehouse.service.runs import RunGateway
+    from lakehouse.throughput.instance import ensure_home
 
+    platform = Platform.from_env()
+    ensure_home(platform.settings)  # the instance `lakehouse run`, the UI and the daemon share
     gateway = RunGateway(args.workspace, args.location)
     gateway.start()  # the code location loads before the first request
     try:
-        app = create_app(Platform.from_env(), gateway, token)
+        app = create_app(platform, gateway, token)
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
     finally:
         gateway.close()
