@@ -50,6 +50,7 @@ dashboard_job = dg.define_asset_job(DASHBOARD_JOB, selection=[DASHBOARD_KEY], ta
                                     description="Recompute the data-quality dashboard.")
 
 _FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE]
+_WAITING = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING]
 
 
 @dg.sensor(
@@ -74,6 +75,13 @@ def dashboard_refresh_sensor(context: dg.SensorEvaluationContext):
         context.update_cursor(newest.isoformat())
     if not runs:
         return dg.SkipReason("no pipeline run finished since the last refresh")
+    # a refresh that has not started yet will read these runs' results too: a burst of runs (say 20
+    # API loads) queues one refresh, not one per sensor tick
+    waiting = context.instance.get_run_records(filters=dg.RunsFilter(job_name=DASHBOARD_JOB, statuses=_WAITING),
+                                               limit=1)
+    if waiting:
+        return dg.SkipReason(f"{len(runs)} run(s) finished; refresh {waiting[0].dagster_run.run_id} is still "
+                             "waiting to start and will include them")
     latest = runs[0].dagster_run
     return dg.RunRequest(run_key=f"after_{latest.run_id}", tags={DASHBOARD_TAG: "refresh",
                                                                  "lakehouse/after_run": latest.run_id})

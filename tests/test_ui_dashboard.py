@@ -123,5 +123,19 @@ def test_refresh_sensor_requests_dashboard_after_a_finished_run(settings, tmp_pa
         assert own.success
         ctx = dg.build_sensor_context(instance=instance, cursor=ctx.cursor)
         assert isinstance(dashboard_refresh_sensor(ctx), dg.SkipReason)  # its own runs do not re-trigger it
+
+        # a refresh created but not started yet covers runs finishing meanwhile: no second one requested
+        queued = instance.add_run(dg.DagsterRun(job_name="data_quality_dashboard_job",
+                                                status=dg.DagsterRunStatus.NOT_STARTED))
+        again = some_pipeline.execute_in_process(instance=instance, raise_on_error=False)
+        ctx = dg.build_sensor_context(instance=instance, cursor=ctx.cursor)
+        skip = dashboard_refresh_sensor(ctx)
+        assert isinstance(skip, dg.SkipReason) and queued.run_id in skip.skip_message
+        instance.report_run_canceled(queued)  # it never ran: the next finished run requests a refresh again
+        third = some_pipeline.execute_in_process(instance=instance, raise_on_error=False)
+        ctx = dg.build_sensor_context(instance=instance, cursor=ctx.cursor)
+        req = dashboard_refresh_sensor(ctx)
+        assert isinstance(req, dg.RunRequest) and req.tags["lakehouse/after_run"] == third.run_id
+        assert again.run_id != third.run_id
     finally:
         instance.dispose()
