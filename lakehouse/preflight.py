@@ -43,6 +43,9 @@ def problems_for(catalog: MetadataCatalog, stages: list[Stage], live,
             writer = catalog.stage_for_target(producer.target_id) if producer is not None else None
             if writer is None or producer.target_id in planned or live.get(ident) is not None:
                 continue
+            replica = catalog.source(producer.alternative_source_id) if producer.alternative_source_id else None
+            if replica is not None and replica.table_identifier and live.get(replica.table_identifier) is not None:
+                continue  # unavailable, but its declared replica is there: the stage reads that (lineage.recovery)
             out.append(f"{_locate('stages', st.key())}: stage {st.pipeline_id}.{st.stage_name} reads {ident}, which "
                        f"does not exist yet and is not written by this run. Fix: run stage "
                        f"{writer.pipeline_id}.{writer.stage_name} first, or in the same run")

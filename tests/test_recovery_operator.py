@@ -86,6 +86,27 @@ def test_operator_paths_are_validated(tmp_path):
         load_metadata(f)
 
 
+def test_pre_run_check_lets_a_missing_upstream_with_a_live_replica_through(tmp_path):
+    """The run's pre-run check (lakehouse.preflight) must not stop a stage whose upstream is gone
+    while that table's declared replica exists: the stage reads the replica. Without a live replica
+    the missing upstream is still a configuration problem."""
+    from lakehouse.preflight import problems_for
+
+    meta = tmp_path / "meta"
+    shutil.copytree(REPO / "metadata" / "demo", meta)
+    doc = yaml.safe_load((meta / "user_events.yaml").read_text())
+    next(t for t in doc["targets"] if t["target_id"] == "silver_user_events")["alternative_source_id"] = "dr"
+    doc["sources"].append({"source_id": "dr", "kind": "iceberg", "table_identifier": "dr.user_events"})
+    (meta / "user_events.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    cat = load_metadata(meta).catalog
+    gold = [cat.stage("user_events_etl", "gold_aggregate")]
+    (msg,) = problems_for(cat, gold, {})
+    assert "reads silver.user_events, which does not exist yet" in msg
+    schema = {"event_id": "string", "user_id": "bigint", "event_type": "string", "event_ts": "timestamp",
+              "country": "string", "device": "string", "app_version": "string"}
+    assert problems_for(cat, gold, {"dr.user_events": schema}) == []
+
+
 @pytest.mark.slow
 def test_sql_stage_reads_the_declared_replica_when_its_upstream_is_unavailable(platform, tmp_path, monkeypatch):
     monkeypatch.setenv("LAKEHOUSE_AUTO_APPLY", "0")  # before the first import of the code location
