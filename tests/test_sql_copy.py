@@ -91,7 +91,7 @@ def test_imported_copy_runs_end_to_end_on_s3(platform, s3_server, tmp_path, monk
     bucket = s3_server.new_bucket("company")
     client = s3_server.client()
     rows = [{"event_id": f"e{i}" if i % 10 else None, "user_id": i, "event_type": ["view", "click"][i % 2],
-             "event_ts": f"2026-11-0{1 + i % 3} 10:00:00", "amount": f"{i}.25"} for i in range(60)]
+             "event_ts": f"2026-11-0{1 + i % 3} 10:00:00", "amount": i + 0.25} for i in range(60)]
     for part in range(3):
         body = "".join(json.dumps(r) + "\n" for r in rows[part * 20:(part + 1) * 20])
         client.put_object(Bucket=bucket, Key=f"raw/user_events/2026-11-0{part + 1}.jsonl", Body=body.encode())
