@@ -218,7 +218,7 @@ def main() -> int:
     url, moto = start_moto()
     os.environ.update({"LAKEHOUSE_HOME": str(tmp), "LAKEHOUSE_S3_ENDPOINT_URL": url,
                        "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-                       "AWS_DEFAULT_REGION": "us-east-1", "LAKEHOUSE_AUTO_APPLY": "0"})
+                       "AWS_DEFAULT_REGION": "us-east-1"})
     os.environ.setdefault("LAKEHOUSE_SPARK_MASTER", "local[2]")
     os.environ.setdefault("LAKEHOUSE_SHUFFLE_PARTITIONS", "2")
     try:

@@ -81,7 +81,7 @@ def main() -> None:
                 env = {key: v for key, v in os.environ.items() if not key.startswith("LAKEHOUSE_")}
                 env.pop("DAGSTER_HOME", None)
                 env.update({"LAKEHOUSE_HOME": str(home), "LAKEHOUSE_LANDING_DIR": str(landing),
-                            "LAKEHOUSE_AUTO_APPLY": "0", "PYTHONUNBUFFERED": "1",
+                            "PYTHONUNBUFFERED": "1",
                             "LAKEHOUSE_SPARK_WARMUP": "0" if args.no_warmup else "1"})
                 if args.postgres:
                     cat_db, ctl_db = pg.create_database(), pg.create_database()

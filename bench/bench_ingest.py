@@ -124,8 +124,7 @@ def main() -> None:
             for mode in modes:
                 for side in sides[r % len(sides):] + sides[:r % len(sides)]:
                     home = work / f"{side}_{mode}_{r}"
-                    env = {**os.environ, "LAKEHOUSE_HOME": str(home), "LAKEHOUSE_LANDING_DIR": str(work / "landing"),
-                           "LAKEHOUSE_AUTO_APPLY": "0"}
+                    env = {**os.environ, "LAKEHOUSE_HOME": str(home), "LAKEHOUSE_LANDING_DIR": str(work / "landing")}
                     env.pop("DAGSTER_HOME", None)
                     if side in ("platform", "baseline"):
                         repo = REPO if side == "platform" else args.baseline_repo.resolve()

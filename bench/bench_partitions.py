@@ -50,7 +50,7 @@ def main() -> int:
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_partitions_"))
-    os.environ.update({"LAKEHOUSE_HOME": str(tmp), "LAKEHOUSE_AUTO_APPLY": "0"})
+    os.environ.update({"LAKEHOUSE_HOME": str(tmp)})
     os.environ.setdefault("LAKEHOUSE_SPARK_MASTER", "local[2]")
     os.environ.setdefault("LAKEHOUSE_SHUFFLE_PARTITIONS", "4")
     from pyiceberg.expressions import And, EqualTo

@@ -107,7 +107,7 @@ def insert_rows(conn, first: int, n: int, expected: Expected) -> None:
 def run_env(base: dict[str, str], **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LAKEHOUSE_", "DAGSTER_HOME"))}
     env.update({"LAKEHOUSE_SPARK_MASTER": "local[1]", "LAKEHOUSE_SPARK_DRIVER_MEMORY": "1g",
-                "LAKEHOUSE_SHUFFLE_PARTITIONS": "1", "PYTHONUNBUFFERED": "1", "LAKEHOUSE_AUTO_APPLY": "0"})
+                "LAKEHOUSE_SHUFFLE_PARTITIONS": "1", "PYTHONUNBUFFERED": "1"})
     env.update(base)
     env.update(extra)
     return env

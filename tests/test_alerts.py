@@ -49,7 +49,6 @@ def alerting(settings, slack_api, tmp_path, monkeypatch):
 
     monkeypatch.setenv("ALERT_HOOK_URL", slack_api.hook_url("team") + f"?key={HOOK_SECRET}")
     monkeypatch.setenv("ALERT_HOOK_TOKEN", HOOK_TOKEN)
-    monkeypatch.setenv("LAKEHOUSE_AUTO_APPLY", "0")
     monkeypatch.setenv("LAKEHOUSE_DATAHUB", "off")
     f = tmp_path / "meta.yaml"
     f.write_text(META.format(api_url=slack_api.api_url))
@@ -293,7 +292,6 @@ def test_failed_audit_sends_one_message_and_the_dashboard_shows_it(settings, spa
     from lakehouse.metadata.store import MetadataStore
     from sensors.alerts import run_failure_alerts
 
-    monkeypatch.setenv("LAKEHOUSE_AUTO_APPLY", "0")
     monkeypatch.setenv("LAKEHOUSE_DATAHUB", "off")
     meta = tmp_path / "meta"
     shutil.copytree(Path(__file__).resolve().parent.parent / "metadata" / "demo", meta)

@@ -21,7 +21,6 @@ BRONZE = dg.AssetKey(["bronze", "user_events"])
 
 @pytest.fixture
 def demo(settings, monkeypatch):
-    monkeypatch.setenv("LAKEHOUSE_AUTO_APPLY", "0")
     monkeypatch.setenv("LAKEHOUSE_DATAHUB", "off")
     platform = Platform(settings, MetadataStore(settings.control_db_url))
     platform.store.apply(load_metadata(DEMO))
@@ -43,20 +42,25 @@ def test_flags_of_unknown_datasets_are_rejected(tmp_path):
 def test_status_reports_and_sensor_skips_for_source_and_target(demo, capsys):
     from lakehouse.cli import main as cli
     from lakehouse_assets.definitions import build_definitions
+    from sensors.arrivals import SENSOR_NAME
 
     defs = build_definitions(demo)
-    sensor = defs.get_sensor_def("user_events_etl__bronze_ingest__arrivals")
+    sensor = defs.get_sensor_def(SENSOR_NAME)  # one sensor over every source, a state per source
     instance = dg.DagsterInstance.ephemeral()
 
     def tick():
         return sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=None, definitions=defs))
+
+    def reason(result) -> str:  # the source's state as the sensor shows it on `sources/<id>`
+        [event] = [e for e in result.asset_events if e.asset_key == dg.AssetKey(["sources", "user_events_raw"])]
+        return f"{event.metadata['status'].value}: {event.metadata['reason'].value}"
 
     assert len(tick().run_requests) == 1  # three landed files, one batch
 
     assert cli(["source", "disable", "user_events_raw"]) == 0
     skipped = tick()
     assert not skipped.run_requests
-    assert "source 'user_events_raw' is disabled by control_flags" in skipped.skip_message
+    assert "disabled: source 'user_events_raw' is disabled by control_flags" in reason(skipped)
     assert cli(["control", "status"]) == 0
     out = capsys.readouterr().out
     status = {tuple(line.split()[:3]) for line in out.splitlines() if line.startswith(("source", "target"))}
@@ -65,7 +69,7 @@ def test_status_reports_and_sensor_skips_for_source_and_target(demo, capsys):
     assert cli(["source", "enable", "user_events_raw"]) == 0
     assert cli(["target", "disable", "bronze_user_events"]) == 0
     skipped = tick()
-    assert not skipped.run_requests and "target 'bronze_user_events' is disabled" in skipped.skip_message
+    assert not skipped.run_requests and "target 'bronze_user_events' is disabled" in reason(skipped)
     assert cli(["control", "status"]) == 0
     out = capsys.readouterr().out
     assert ("target", "bronze_user_events", "False") in {tuple(ln.split()[:3]) for ln in out.splitlines()}

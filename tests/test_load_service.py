@@ -105,7 +105,7 @@ def service(tmp_path_factory, lake_home, postgres_server):
            "LAKEHOUSE_HOME": str(home), "LAKEHOUSE_CONTROL_DB_URL": f"sqlite:///{home / 'control.db'}",
            "LAKEHOUSE_CATALOG_NAME": "lake_svc", "LAKEHOUSE_CATALOG_URI": f"postgresql://{pg.host}:{pg.port}/{catalog_db}",
            "LAKEHOUSE_CATALOG_USER": pg.user, "LAKEHOUSE_CATALOG_PASSWORD": pg.password,
-           "LAKEHOUSE_WAREHOUSE": f"file://{home / 'warehouse'}", "LAKEHOUSE_AUTO_APPLY": "0",
+           "LAKEHOUSE_WAREHOUSE": f"file://{home / 'warehouse'}",
            "LAKEHOUSE_DATAHUB": "off", "LAKEHOUSE_SPARK_MASTER": "local[1]", "LAKEHOUSE_SHUFFLE_PARTITIONS": "1",
            "LAKEHOUSE_API_TOKEN": TOKEN, "DAGSTER_HOME": str(home / "dagster")}
     env.pop("LAKEHOUSE_LANDING_DIR", None)

@@ -109,7 +109,6 @@ def test_pre_run_check_lets_a_missing_upstream_with_a_live_replica_through(tmp_p
 
 @pytest.mark.slow
 def test_sql_stage_reads_the_declared_replica_when_its_upstream_is_unavailable(platform, tmp_path, monkeypatch):
-    monkeypatch.setenv("LAKEHOUSE_AUTO_APPLY", "0")  # before the first import of the code location
     monkeypatch.setenv("LAKEHOUSE_DATAHUB", "off")
     from pyiceberg.catalog.sql import SqlCatalog
 

@@ -81,7 +81,6 @@ def test_plain_create_table_without_a_copy_is_still_rejected():
 @pytest.mark.slow
 def test_imported_copy_runs_end_to_end_on_s3(platform, s3_server, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("LAKEHOUSE_S3_ENDPOINT_URL", s3_server.endpoint_url)
-    monkeypatch.setenv("LAKEHOUSE_AUTO_APPLY", "0")  # before the first import of the code location
     monkeypatch.setenv("LAKEHOUSE_DATAHUB", "off")
     from pyiceberg.catalog.sql import SqlCatalog
 

@@ -92,7 +92,6 @@ def lakehouse_cli(*argv: str, env=None) -> subprocess.CompletedProcess:
 def test_sql_import_applies_and_materializes(platform, tmp_path, monkeypatch):
     import os
 
-    monkeypatch.setenv("LAKEHOUSE_AUTO_APPLY", "0")  # importing the code location must not load the full demo
     from lakehouse.demo import generate_user_events
     from tests.test_pipeline_e2e import pyiceberg_catalog, run_pipeline
 
