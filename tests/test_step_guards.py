@@ -83,7 +83,7 @@ def test_sqlite_files_are_owner_only_by_default_and_configurable(tmp_path, monke
     assert all(stat.S_IMODE(p.stat().st_mode) & 0o077 == 0 for p in db.parent.iterdir())  # -wal / -shm too
     monkeypatch.setenv("LAKEHOUSE_UMASK", "027")
     other = tmp_path / "shared" / "control.db"
-    MetadataStore(f"sqlite:///{other}")
+    MetadataStore(f"sqlite:///{other}").create_all()  # constructing a store alone creates nothing (issue 22)
     assert stat.S_IMODE(other.stat().st_mode) == 0o640 and hadoop_umask() == "027"
     monkeypatch.setenv("LAKEHOUSE_UMASK", "999")
     with pytest.raises(ValueError, match="LAKEHOUSE_UMASK='999' is not an octal umask"):
