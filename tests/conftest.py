@@ -72,3 +72,32 @@ def platform(settings, spark):
 def unique_ns() -> str:
     """A fresh Iceberg namespace suffix so tests sharing the session catalog never collide."""
     return "t" + uuid.uuid4().hex[:8]
+
+
+#: Fixtures that start a JVM or a whole Dagster deployment: a test using one (even through another
+#: fixture) is slow by definition.
+SLOW_FIXTURES = frozenset({"spark", "dagster_daemon_factory", "dagster_daemon", "dagster_dev", "browser"})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests that need Spark or a running Dagster slow, so the fast lane (`pytest -m "not
+    slow"`) stays free of them without anyone having to remember a marker."""
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_jvm(request, monkeypatch):
+    """In a test not marked slow, starting a JVM in this process fails the test by name: the fast
+    lane's promise (no Spark) is checked, not hoped for. A subprocess that starts one (`lakehouse
+    run`, `dagster dev`) must be marked slow by hand."""
+    if request.node.get_closest_marker("slow") is not None:
+        return
+    import pyspark.context
+
+    def refuse(*_args, **_kwargs):
+        pytest.fail(f"{request.node.nodeid} starts a JVM but is not marked slow: take the `spark` fixture or "
+                    "mark it @pytest.mark.slow (the fast lane runs without Spark)", pytrace=False)
+
+    monkeypatch.setattr(pyspark.context, "launch_gateway", refuse)

@@ -51,6 +51,7 @@ def worker(source_id: str, target_id: str, files: list[str], out: str, start_at:
             throttle.after_batch(len(lines), Path(f).stat().st_size, Path(f).stat().st_size)
 
 
+@pytest.mark.slow  # two worker processes for half a minute
 def test_two_processes_share_one_bucket_within_10_percent(settings, tmp_path):
     from tests.test_pools import write_rows
 
