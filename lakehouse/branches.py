@@ -68,17 +68,12 @@ orphan_sweeps = sa.Table(
     sa.Column("due_at", sa.Float, nullable=False),
     sa.Column("reason", sa.Text),
 )
-_CREATED: set[str] = set()
 
 
 def _engine(platform: Platform) -> sa.Engine:
-    eng = coordination.engine_for(platform)
-    if str(eng.url) not in _CREATED:
-        from lakehouse.metadata.store import create_tables
+    from lakehouse.metadata.store import ensure_tables
 
-        create_tables(meta, eng)
-        _CREATED.add(str(eng.url))
-    return eng
+    return ensure_tables(meta, coordination.engine_for(platform))
 
 
 # --------------------------------------------------------------------------- settings

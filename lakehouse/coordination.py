@@ -67,19 +67,13 @@ work_claims = sa.Table(
     sa.Column("claimed_at", sa.Float, nullable=False),
     sa.Index("ix_work_claims_run", "run_key", "table_ident"),
 )
-_CREATED: set[str] = set()
 HOST = socket.gethostname()
 
 
 def engine_for(platform: Platform) -> sa.Engine:
-    eng = platform.store.engine
-    key = str(eng.url)
-    if key not in _CREATED:
-        from lakehouse.metadata.store import create_tables
+    from lakehouse.metadata.store import ensure_tables
 
-        create_tables(meta, eng)
-        _CREATED.add(key)
-    return eng
+    return ensure_tables(meta, platform.store.engine)
 
 
 def run_key(run_id: str) -> str:
@@ -171,7 +165,8 @@ def release_lease(platform: Platform, run_id: str, table: str) -> None:
         conn.execute(sa.delete(run_leases).where(run_leases.c.run_key == key, run_leases.c.table_ident == table))
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Is a process with this pid running on this host (one we may not signal counts as alive)?"""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -194,7 +189,7 @@ class Lease:
         if _HEARTBEAT.holds(engine, self.run_key, self.table):
             return True  # a step of it is running in this process
         if self.host == HOST and self.pid is not None:
-            if self.pid == os.getpid() or not _pid_alive(self.pid):
+            if self.pid == os.getpid() or not pid_alive(self.pid):
                 return False  # no step of it runs in this process any more / the process is gone
         return ((now or time.time()) - self.heartbeat_at) < lease_ttl_s()
 

@@ -91,7 +91,6 @@ arrival_requests = sa.Table(
     sa.Column("requested_at", sa.Float, nullable=False),
     sa.Index("ix_arrival_requests_src", "source_id", "requested_at"),
 )
-_CREATED: set[str] = set()
 
 
 def engine_for(platform: Platform) -> sa.Engine:
@@ -100,14 +99,9 @@ def engine_for(platform: Platform) -> sa.Engine:
 
 
 def _engine(platform: Platform) -> sa.Engine:
-    eng = platform.store.engine
-    key = str(eng.url)
-    if key not in _CREATED:
-        from lakehouse.metadata.store import create_tables
+    from lakehouse.metadata.store import ensure_tables
 
-        create_tables(meta, eng)
-        _CREATED.add(key)
-    return eng
+    return ensure_tables(meta, platform.store.engine)
 
 
 def _now() -> datetime:

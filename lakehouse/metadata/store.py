@@ -159,6 +159,18 @@ def create_tables(meta: sa.MetaData, engine: sa.Engine, attempts: int = 5) -> No
             time.sleep(0.1 * attempt)
 
 
+_TABLES_READY: set[tuple[int, str]] = set()
+
+
+def ensure_tables(meta: sa.MetaData, engine: sa.Engine) -> sa.Engine:
+    """`engine`, with `meta`'s tables created once per database per process (create_tables)."""
+    key = (id(meta), str(engine.url))
+    if key not in _TABLES_READY:
+        create_tables(meta, engine)
+        _TABLES_READY.add(key)
+    return engine
+
+
 class MetadataStore:
     """Reads and writes the control database. Cheap to construct; engines are cached per URL."""
 

@@ -102,6 +102,7 @@ def free_stale_slots(instance: dg.DagsterInstance) -> list[str]:
     (kill -9): without a daemon's run monitoring such slots would block the pool for good."""
     import socket
 
+    from lakehouse.coordination import pid_alive
     from lakehouse.throughput.pools import MANAGED_PREFIXES
 
     storage = instance.event_log_storage
@@ -111,7 +112,7 @@ def free_stale_slots(instance: dg.DagsterInstance) -> list[str]:
             run = instance.get_run_by_id(run_id)
             dead = run is None or run.is_finished
             if not dead and run.tags.get(HOST_TAG) == socket.gethostname() and run.tags.get(PID_TAG):
-                dead = not _alive(int(run.tags[PID_TAG]))
+                dead = not pid_alive(int(run.tags[PID_TAG]))
                 if dead:
                     instance.report_run_failed(run, f"lakehouse: the process of headless run {run_id} (pid "
                                                     f"{run.tags[PID_TAG]}) is gone; its pool slots were freed")
@@ -119,16 +120,6 @@ def free_stale_slots(instance: dg.DagsterInstance) -> list[str]:
                 storage.free_concurrency_slots_for_run(run_id)
                 freed.append(run_id)
     return freed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def run_tags() -> dict[str, str]:
