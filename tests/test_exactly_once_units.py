@@ -28,6 +28,7 @@ from lakehouse.iceberg import IcebergTables
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.publish import _fast_forward, publish_branch
 from lakehouse.runner import Platform
+from tests.fixtures.local_http import free_port
 
 SCHEMA = pa.schema([pa.field("id", pa.int64())])
 
@@ -177,15 +178,10 @@ def test_publish_lock_dies_with_its_holder(settings, tmp_path):
             proc.kill()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_an_unreachable_database_is_waited_for_then_named_without_its_password(monkeypatch):
     monkeypatch.setenv(outage.ENV_WINDOW, "1.5")
-    port = _free_port()
+    port = free_port()
     engine = sa.create_engine(f"postgresql+psycopg2://etl:s3cret-pw@127.0.0.1:{port}/control", pool_pre_ping=True)
     outage.install_connect_hook(engine, role="control DB")
     t0 = time.monotonic()
@@ -201,7 +197,7 @@ def test_an_unreachable_database_is_waited_for_then_named_without_its_password(m
 
 def test_an_outage_shorter_than_the_window_is_ridden_out(monkeypatch):
     monkeypatch.setenv(outage.ENV_WINDOW, "30")
-    port = _free_port()
+    port = free_port()
     server = socket.socket()
 
     def come_back():

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore
 from tests.fixtures.dagster_daemon import SLOW_MACHINE_ENV, DagsterDaemon, write_instance_config
+from tests.fixtures.local_http import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(2400)]
 
@@ -90,11 +90,6 @@ class Service:
         return key
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory, lake_home, postgres_server):
@@ -118,7 +113,7 @@ def service(tmp_path_factory, lake_home, postgres_server):
                           module="lakehouse_assets.definitions", location_name="lakehouse")
     daemon = DagsterDaemon(home=dagster_home, env=env)
     daemon.instance.get_runs(limit=1)  # create the instance storage before the processes race for it
-    port = _free_port()
+    port = free_port()
     log = home / "serve.log"
     out = log.open("ab")
     proc = None
