@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from lakehouse.metadata.model import AlertChannel, MetadataCatalog
-from lakehouse.metadata.store import MetadataStore, metadata_obj
+from lakehouse.metadata.schema import alert_deliveries, alert_runs, alerts_table
+from lakehouse.metadata.store import MetadataStore
 
 if TYPE_CHECKING:
     from lakehouse.runner import AuditFailed, StageRunner
@@ -49,47 +50,6 @@ MAX_BACKOFF_S = 3600.0
 STALE_CLAIM = timedelta(minutes=5)  # a sender that died mid-send: the delivery is tried again
 DEFAULT_SLACK_TOKEN_ENV = "SLACK_BOT_TOKEN"
 
-alerts_table = sa.Table(
-    "alerts",
-    metadata_obj,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("dedupe_key", sa.String(512), nullable=False, unique=True),
-    sa.Column("kind", sa.String(32), nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("pipeline_id", sa.String(128)),
-    sa.Column("stage", sa.String(256)),
-    sa.Column("dataset", sa.String(255)),
-    sa.Column("rule", sa.Text),
-    sa.Column("failing_count", sa.BigInteger),
-    sa.Column("run_id", sa.String(64)),
-    sa.Column("message", sa.Text),
-    sa.Column("next_step", sa.Text),
-    sa.Column("details", sa.Text),
-    sa.Index("ix_alerts_created", "created_at"),
-)
-alert_runs = sa.Table(
-    "alert_runs",
-    metadata_obj,
-    sa.Column("alert_id", sa.Integer, primary_key=True),
-    sa.Column("run_id", sa.String(64), primary_key=True),
-    sa.Index("ix_alert_runs_run", "run_id"),
-)
-alert_deliveries = sa.Table(
-    "alert_deliveries",
-    metadata_obj,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("alert_id", sa.Integer, nullable=False),
-    sa.Column("channel_id", sa.String(255), nullable=False),
-    sa.Column("status", sa.String(16), nullable=False),  # pending | sending | sent | failed
-    sa.Column("attempts", sa.Integer, nullable=False, default=0),
-    sa.Column("next_attempt_at", sa.DateTime(timezone=True)),
-    sa.Column("claimed_at", sa.DateTime(timezone=True)),
-    sa.Column("claim", sa.String(32)),
-    sa.Column("sent_at", sa.DateTime(timezone=True)),
-    sa.Column("last_error", sa.Text),
-    sa.UniqueConstraint("alert_id", "channel_id", name="uq_alert_delivery"),
-    sa.Index("ix_alert_deliveries_due", "status", "next_attempt_at"),
-)
 
 
 def _now() -> datetime:

@@ -34,6 +34,7 @@ import sqlalchemy as sa
 
 from lakehouse import coordination
 from lakehouse.iceberg import MAIN
+from lakehouse.metadata.schema import kept_branches, orphan_sweeps
 
 if TYPE_CHECKING:
     from lakehouse.iceberg import IcebergTables
@@ -50,30 +51,10 @@ ORPHAN_AGE_SETTING = "orphan_files.min_age_hours"
 DEFAULT_ORPHAN_AGE_HOURS = 24.0
 DAY_S = 86400.0
 
-meta = sa.MetaData()
-kept_branches = sa.Table(
-    "kept_branches",
-    meta,
-    sa.Column("table_ident", sa.String(255), primary_key=True),
-    sa.Column("branch", sa.String(64), primary_key=True),
-    sa.Column("run_id", sa.String(128)),
-    sa.Column("kept_at", sa.Float, nullable=False),
-    sa.Column("reason", sa.Text),
-)
-orphan_sweeps = sa.Table(
-    "orphan_sweeps",
-    meta,
-    sa.Column("table_ident", sa.String(255), primary_key=True),
-    sa.Column("lease_table", sa.String(255), nullable=False),
-    sa.Column("due_at", sa.Float, nullable=False),
-    sa.Column("reason", sa.Text),
-)
 
 
 def _engine(platform: Platform) -> sa.Engine:
-    from lakehouse.metadata.store import ensure_tables
-
-    return ensure_tables(meta, coordination.engine_for(platform))
+    return coordination.engine_for(platform)
 
 
 # --------------------------------------------------------------------------- settings

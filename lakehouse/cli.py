@@ -54,6 +54,17 @@ def cmd_metadata(args) -> int:
             print(f"note: {note}")
         return 0
     platform = Platform.from_env()
+    if args.action in ("upgrade", "revision"):
+        from lakehouse.metadata import migrate
+
+        if args.action == "revision":
+            print(f"wrote {migrate.revision(platform.store.engine, args.message)}: read it, then commit it")
+            return 0
+        before = migrate.current(platform.store.engine)
+        migrate.upgrade(platform.store.engine)
+        print(f"control DB {platform.store!r}: at revision {migrate.current(platform.store.engine)} "
+              f"(was {before or 'not migrated'})")
+        return 0
     if args.action == "derive":
         from lakehouse.metadata.derived import derive_now
 
@@ -241,6 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
                                         "columns, checks) for stages changed outside apply, e.g. by plain SQL")
     dv.add_argument("--all", action="store_true", help="derive every stage again, changed or not")
     msub.add_parser("reference", help="print the Markdown reference of every metadata table and field")
+    msub.add_parser("upgrade", help="create or upgrade the control DB's tables to the newest migration "
+                                    "(apply and the first use of a process do it too)")
+    rv = msub.add_parser("revision", help="for developers: write a migration for the tables or model fields "
+                                          "added since the newest one (Alembic autogenerate)")
+    rv.add_argument("-m", "--message", required=True)
     m.set_defaults(func=cmd_metadata)
 
     r = sub.add_parser("run", help="materialize a pipeline headless (same code as the UI); exit 0 success, "

@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
+from lakehouse.metadata.schema import run_leases, work_claims
+
 if TYPE_CHECKING:
     from lakehouse.runner import Platform
 
@@ -45,35 +47,13 @@ HEARTBEAT_S = 10.0
 MIN_LEASE_TTL_S = 120.0
 LOCK_WAIT_S = 600.0
 
-meta = sa.MetaData()
-run_leases = sa.Table(
-    "run_leases",
-    meta,
-    sa.Column("run_key", sa.String(64), primary_key=True),
-    sa.Column("table_ident", sa.String(255), primary_key=True),
-    sa.Column("run_id", sa.String(128)),
-    sa.Column("host", sa.String(255)),
-    sa.Column("pid", sa.Integer),
-    sa.Column("started_at", sa.Float, nullable=False),
-    sa.Column("heartbeat_at", sa.Float, nullable=False),
-)
-work_claims = sa.Table(
-    "work_claims",
-    meta,
-    sa.Column("table_ident", sa.String(255), primary_key=True),
-    sa.Column("work_key", sa.String(768), primary_key=True),
-    sa.Column("version", sa.String(255), primary_key=True),
-    sa.Column("run_key", sa.String(64), nullable=False),
-    sa.Column("claimed_at", sa.Float, nullable=False),
-    sa.Index("ix_work_claims_run", "run_key", "table_ident"),
-)
 HOST = socket.gethostname()
 
 
 def engine_for(platform: Platform) -> sa.Engine:
     from lakehouse.metadata.store import ensure_tables
 
-    return ensure_tables(meta, platform.store.engine)
+    return ensure_tables(platform.store.engine)
 
 
 def run_key(run_id: str) -> str:

@@ -34,6 +34,7 @@ from lakehouse.ingest.files import (
     QUARANTINED,
     FileRef,
 )
+from lakehouse.metadata.schema import checkpoint_marks, file_checkpoints
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -45,52 +46,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 RUN_ID_PROPERTY = "lakehouse.run_id"
 
-meta = sa.MetaData()
-file_checkpoints = sa.Table(
-    "file_checkpoints",
-    meta,
-    sa.Column("table_ident", sa.String(255), primary_key=True),
-    sa.Column("file_key", sa.String(1024), primary_key=True),
-    sa.Column("etag", sa.String(128), primary_key=True),
-    sa.Column("size", sa.BigInteger),
-    sa.Column("status", sa.String(16), nullable=False),
-    sa.Column("run_id", sa.String(64)),
-    sa.Column("snapshot_id", sa.BigInteger),
-    sa.Column("error", sa.Text),
-    sa.Column("recorded_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Index("ix_file_checkpoints_status", "table_ident", "status"),
-)
-checkpoint_marks = sa.Table(
-    "checkpoint_marks",
-    meta,
-    sa.Column("table_ident", sa.String(255), primary_key=True),
-    sa.Column("snapshot_id", sa.BigInteger),
-    sa.Column("committed_at_ms", sa.BigInteger),
-    sa.Column("synced_at", sa.DateTime(timezone=True)),
-)
-#: per (table, source): the listing high-water key (every key <= it is handled) and the last full listing
-ingest_cursors = sa.Table(
-    "ingest_cursors",
-    meta,
-    sa.Column("table_ident", sa.String(255), primary_key=True),
-    sa.Column("source_id", sa.String(128), primary_key=True),
-    sa.Column("after_key", sa.String(1024)),
-    sa.Column("reconciled_at", sa.Float),
-    sa.Column("updated_at", sa.DateTime(timezone=True)),
-)
-#: the files of each batch a sensor requested, keyed by the run key: the run reads exactly these
-arrival_requests = sa.Table(
-    "arrival_requests",
-    meta,
-    sa.Column("batch_key", sa.String(64), primary_key=True),
-    sa.Column("file_key", sa.String(1024), primary_key=True),
-    sa.Column("etag", sa.String(128), nullable=False),
-    sa.Column("size", sa.BigInteger),
-    sa.Column("source_id", sa.String(128)),
-    sa.Column("table_ident", sa.String(255)),
-    sa.Column("requested_at", sa.Float, nullable=False),
-    sa.Index("ix_arrival_requests_src", "source_id", "requested_at"),
-)
 
 
 def engine_for(platform: Platform) -> sa.Engine:
@@ -101,7 +56,7 @@ def engine_for(platform: Platform) -> sa.Engine:
 def _engine(platform: Platform) -> sa.Engine:
     from lakehouse.metadata.store import ensure_tables
 
-    return ensure_tables(meta, platform.store.engine)
+    return ensure_tables(platform.store.engine)
 
 
 def _now() -> datetime:

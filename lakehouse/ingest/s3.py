@@ -30,15 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from lakehouse.ingest.checkpoints import (
-    Checkpoints,
-    arrival_requests,
-    crash_point,
-    engine_for,
-    ingest_cursors,
-)
+from lakehouse.ingest.checkpoints import Checkpoints, crash_point, engine_for
 from lakehouse.ingest.files import QUARANTINED, FileRef, select_for_run
 from lakehouse.ingest.paths import key_problem
+from lakehouse.metadata.schema import arrival_requests, ingest_cursors
 
 if TYPE_CHECKING:
     from lakehouse.ingest.arrivals import ArrivalDecision

@@ -1,173 +1,39 @@
 """The control database: metadata in relational tables (SQLite embedded, PostgreSQL by URL).
 
-Tables are derived from the pydantic model, one column per scalar field (so operators can
-`UPDATE control_flags SET flag_value = false ...` with plain SQL) and JSON text for nested
-fields. `apply` merges by key in a single transaction after validating the merged result.
+The tables are defined in lakehouse.metadata.schema and created or upgraded by Alembic
+(lakehouse.metadata.migrate) on first use in a process. `apply` merges by key in a single
+transaction after validating the merged result.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import types
 import typing
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any, Literal, get_args, get_origin
+from typing import Any
 
 import sqlalchemy as sa
-from pydantic import BaseModel
 
 from lakehouse.metadata.loader import LoadedMetadata, Origin, build_catalog
 from lakehouse.metadata.model import SECTIONS, AuditLogEntry, ControlFlag, Entity, MetadataCatalog
+from lakehouse.metadata.schema import TABLES, audit_log, derived_stages, metadata_obj  # noqa: F401 - re-exported
 from lakehouse.sqlite_files import BUSY_TIMEOUT_S, prepare_sqlite, sqlite_path
 
 log = logging.getLogger(__name__)
-metadata_obj = sa.MetaData()
-
-
-def _unwrap(annotation: Any) -> Any:
-    origin = get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in get_args(annotation) if a is not type(None)]
-        if len(args) == 1:
-            return _unwrap(args[0])
-        return args
-    return annotation
-
-
-def _sa_type(annotation: Any) -> tuple[sa.types.TypeEngine, bool]:
-    """(column type, is_json) for a pydantic field annotation."""
-    a = _unwrap(annotation)
-    if isinstance(a, list):  # a union of several types: store as JSON
-        return sa.Text(), True
-    if get_origin(a) is Literal:
-        return sa.String(64), False
-    if a is bool:
-        return sa.Boolean(), False
-    if a is int:
-        return sa.BigInteger(), False
-    if a is float:
-        return sa.Float(), False
-    if a is str:
-        return sa.Text(), False
-    if a is datetime:
-        return sa.DateTime(timezone=True), False
-    return sa.Text(), True
-
-
-def _table_for(name: str, model: type[BaseModel], key: tuple[str, ...]) -> tuple[sa.Table, set[str]]:
-    cols = []
-    json_cols: set[str] = set()
-    for fname, finfo in model.model_fields.items():
-        typ, is_json = _sa_type(finfo.annotation)
-        if fname in key and isinstance(typ, sa.Text):
-            typ = sa.String(255)  # indexable primary key
-        if is_json:
-            json_cols.add(fname)
-        cols.append(sa.Column(fname, typ, primary_key=fname in key, nullable=fname not in key))
-    return sa.Table(name, metadata_obj, *cols), json_cols
-
-
-TABLES: dict[str, tuple[sa.Table, set[str]]] = {
-    section: _table_for(section, model, model.__key__) for section, model in SECTIONS.items()
-}
-
-audit_log = sa.Table(
-    "audit_log",
-    metadata_obj,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("ts", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("run_id", sa.String(64)),
-    sa.Column("pipeline_id", sa.String(128)),
-    sa.Column("stage_name", sa.String(128)),
-    sa.Column("dataset", sa.String(255)),
-    sa.Column("event", sa.String(64), nullable=False),
-    sa.Column("error_class", sa.String(255)),
-    sa.Column("message", sa.Text),
-    sa.Column("action", sa.String(64)),
-    sa.Column("outcome", sa.String(64)),
-    sa.Column("duration_ms", sa.BigInteger),
-    sa.Column("details", sa.Text),
-    sa.Index("ix_audit_pipeline_ts", "pipeline_id", "ts"),
-)
-
-# What `apply` derives per stage from its SQL and rules (lakehouse.metadata.derived): read when the
-# definitions are built, so that loading them parses no SQL. JSON columns hold plain data.
-derived_stages = sa.Table(
-    "derived_stages",
-    metadata_obj,
-    sa.Column("pipeline_id", sa.String(255), primary_key=True),
-    sa.Column("stage_name", sa.String(255), primary_key=True),
-    sa.Column("target_id", sa.String(255), nullable=False),
-    sa.Column("inputs_hash", sa.String(64), nullable=False),
-    sa.Column("fingerprint", sa.String(64), nullable=False),
-    sa.Column("upstream_tables", sa.Text),
-    sa.Column("column_lineage", sa.Text),
-    sa.Column("lineage_note", sa.Text),
-    sa.Column("output_columns", sa.Text),
-    sa.Column("check_specs", sa.Text),
-    sa.Column("derived_at", sa.DateTime(timezone=True), nullable=False),
-)
-
-
-def add_missing_columns(engine: sa.Engine, meta: sa.MetaData) -> list[str]:
-    """ALTER TABLE ... ADD COLUMN (through Alembic's operations, which quote names) for every
-    nullable column of `meta` an existing table lacks. Existing rows get NULL, which `load`
-    reads as the field's default. Returns `table.column` for each column added."""
-    from alembic.migration import MigrationContext
-    from alembic.operations import Operations
-
-    added: list[str] = []
-    inspector = sa.inspect(engine)
-    for table in meta.sorted_tables:
-        if not inspector.has_table(table.name):
-            continue
-        have = {c["name"] for c in inspector.get_columns(table.name)}
-        for col in table.columns:
-            if col.name in have or not col.nullable:
-                continue
-            try:
-                with engine.begin() as conn:
-                    Operations(MigrationContext.configure(conn)).add_column(table.name, sa.Column(col.name, col.type, nullable=True))
-                added.append(f"{table.name}.{col.name}")
-            except sa.exc.DBAPIError:  # another process added it first
-                if col.name not in {c["name"] for c in sa.inspect(engine).get_columns(table.name)}:
-                    raise
-    if added:
-        log.info("control DB: added column(s) for new model fields: %s", ", ".join(added))
-    return added
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def create_tables(meta: sa.MetaData, engine: sa.Engine, attempts: int = 5) -> None:
-    """`meta.create_all` that tolerates another process (or thread) creating the same tables at the
-    same moment: SQLAlchemy checks, then creates, and the loser of that race sees "already exists"."""
-    import time
+def ensure_tables(engine: sa.Engine) -> sa.Engine:
+    """`engine`, with the control DB migrated to the newest revision (once per database per
+    process; lakehouse.metadata.migrate)."""
+    from lakehouse.metadata.migrate import upgrade
 
-    for attempt in range(1, attempts + 1):
-        try:
-            meta.create_all(engine)
-            return
-        except sa.exc.DBAPIError as exc:
-            text = str(exc).lower()
-            if attempt == attempts or not ("already exists" in text or "duplicate" in text):
-                raise
-            time.sleep(0.1 * attempt)
-
-
-_TABLES_READY: set[tuple[int, str]] = set()
-
-
-def ensure_tables(meta: sa.MetaData, engine: sa.Engine) -> sa.Engine:
-    """`engine`, with `meta`'s tables created once per database per process (create_tables)."""
-    key = (id(meta), str(engine.url))
-    if key not in _TABLES_READY:
-        create_tables(meta, engine)
-        _TABLES_READY.add(key)
+    upgrade(engine)
     return engine
 
 
@@ -195,19 +61,10 @@ class MetadataStore:
     def __repr__(self) -> str:  # never print credentials embedded in a URL
         return f"MetadataStore({self.engine.url.render_as_string(hide_password=True)})"
 
-    _ready: set[str] = set()
-
     def create_all(self) -> None:
-        """Create missing tables, and add the columns of model fields newer than the database
-        (an upgrade that adds an optional field must not break an existing control DB). Once
-        per database per process."""
-        key = str(self.engine.url)
-        if key in self._ready:
-            return
-        prepare_sqlite(self.url)
-        create_tables(metadata_obj, self.engine)
-        add_missing_columns(self.engine, metadata_obj)
-        self._ready.add(key)
+        """Create or upgrade the control DB's tables (Alembic, lakehouse.metadata.migrate): on first
+        use in a process, never at import. A cached no-op afterwards."""
+        ensure_tables(self.engine)
 
     def _ride_out(self, what: str, work):
         """Retry `work` through a short control DB outage (lakehouse.outage); SQLite needs none."""

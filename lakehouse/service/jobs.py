@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from lakehouse.metadata.store import MetadataStore, metadata_obj
+from lakehouse.metadata.schema import load_jobs
+from lakehouse.metadata.store import MetadataStore
 
 if TYPE_CHECKING:
     from lakehouse.entity_raw import LoadRequest, LoadResult
@@ -21,20 +22,6 @@ if TYPE_CHECKING:
 
 JOB_TAG = "lakehouse/load_job"
 
-load_jobs = sa.Table(
-    "load_jobs",
-    metadata_obj,
-    sa.Column("job_id", sa.String(64), primary_key=True),  # = the Dagster run id
-    sa.Column("tenant_id", sa.String(255), nullable=False),
-    sa.Column("application", sa.String(128), nullable=False),
-    sa.Column("request", sa.Text, nullable=False),
-    sa.Column("submitted_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("started_at", sa.DateTime(timezone=True)),
-    sa.Column("finished_at", sa.DateTime(timezone=True)),
-    sa.Column("result", sa.Text),
-    sa.Column("error", sa.Text),
-    sa.Index("ix_load_jobs_tenant", "tenant_id", "submitted_at"),
-)
 
 
 def _now() -> datetime:

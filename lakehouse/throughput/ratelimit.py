@@ -22,20 +22,11 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 
 from lakehouse.metadata.model import MetadataCatalog
+from lakehouse.metadata.schema import buckets
 from lakehouse.metadata.store import MetadataStore
 
 log = logging.getLogger(__name__)
 
-_meta = sa.MetaData()
-buckets = sa.Table(
-    "throttle_buckets",
-    _meta,
-    sa.Column("bucket_key", sa.String(255), primary_key=True),
-    sa.Column("tokens", sa.Float, nullable=False),
-    sa.Column("updated_at", sa.Float, nullable=False),  # epoch seconds of the last refill
-    sa.Column("rate_per_s", sa.Float, nullable=False),
-    sa.Column("capacity", sa.Float, nullable=False),
-)
 
 #: metric -> (unit, seconds per threshold period)
 RATE_METRICS = {"records_per_minute": ("records", 60.0), "bytes_per_hour": ("bytes", 3600.0)}
@@ -73,9 +64,9 @@ class TokenBuckets:
         self.engine = store.engine
         self.clock = clock
         self.sleep = sleep
-        from lakehouse.metadata.store import create_tables
+        from lakehouse.metadata.store import ensure_tables
 
-        create_tables(_meta, self.engine)
+        ensure_tables(self.engine)
 
     def _least(self, a, b):
         return sa.func.least(a, b) if self.engine.dialect.name == "postgresql" else sa.func.min(a, b)

@@ -13,33 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from lakehouse.metadata.store import metadata_obj
+from lakehouse.metadata.schema import check_results
 
 if TYPE_CHECKING:
     from lakehouse.metadata.store import MetadataStore
     from lakehouse.runner import StageRunner
     from lakehouse.validation.rules import CheckOutcome
 
-check_results = sa.Table(
-    "check_results",
-    metadata_obj,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("ts", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("run_id", sa.String(64)),
-    sa.Column("pipeline_id", sa.String(128)),
-    sa.Column("stage_name", sa.String(128)),
-    sa.Column("dataset", sa.String(255), nullable=False),
-    sa.Column("rule", sa.String(128), nullable=False),
-    sa.Column("rule_type", sa.String(64)),
-    sa.Column("severity", sa.String(16)),
-    sa.Column("action", sa.String(16)),
-    sa.Column("passed", sa.Boolean, nullable=False),
-    sa.Column("failed_rows", sa.BigInteger),
-    sa.Column("total_rows", sa.BigInteger),
-    sa.Column("message", sa.Text),
-    sa.Column("details", sa.Text),
-    sa.Index("ix_check_results_dataset_rule_ts", "dataset", "rule", "ts"),
-)
 
 _COLUMNS = ("id", "ts", "run_id", "pipeline_id", "stage_name", "dataset", "rule", "rule_type", "severity",
             "action", "passed", "failed_rows", "total_rows", "message", "details")
