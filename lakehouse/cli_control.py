@@ -43,9 +43,9 @@ def cmd_control(args) -> int:
                        "reason": d.reason} for d in stopped])
         return 0
     from lakehouse.control.healing import matching_rules
-    from lakehouse.errors import classify
+    from lakehouse.errors import classify_text
 
-    info = classify(RuntimeError(args.text))
+    info = classify_text(args.text)
     print(f"error code: {info.code}; class: {info.error_class}")
     rules = matching_rules(platform.catalog().healing_actions, info)
     if not rules:

@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from lakehouse.control import faults
 from lakehouse.iceberg import branch_name_for_run, quote, sql_string
-from lakehouse.ingest.checkpoints import Checkpoints, crash_point
+from lakehouse.ingest.checkpoints import Checkpoints
 from lakehouse.ingest.files import CHECKPOINT_PROPERTY, EMPTY, PROCESSED, QUARANTINED, FileRef
 from lakehouse.ingest.probe import probe_file
 from lakehouse.metadata.model import FileLimits
@@ -537,7 +538,7 @@ def _commit(platform: Platform, ident: str, df: DataFrame, request: LoadRequest,
     for k, v in props.items():
         writer = writer.option(f"snapshot-property.{k}", v)
     writer.append()
-    crash_point("entity_raw_after_branch_commit")
+    faults.inject("entity_raw_after_branch_commit")
     head = tables.snapshot_id(ident, branch)
     summary = tables.snapshot_summary(ident, head) if head is not None else {}
     result.rows_written = int(summary.get("added-records", 0))

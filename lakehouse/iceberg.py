@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -293,22 +292,20 @@ class IcebergTables:
         self.spark.sql(f"ALTER TABLE {self.qualified(identifier)} DROP BRANCH IF EXISTS {quote(branch)}")
 
     @_rides_out
-    def read(self, identifier: str, branch: str = MAIN, attempts: int = 4) -> DataFrame:
+    def read(self, identifier: str, branch: str = MAIN) -> DataFrame:
         """The table (or one branch of it) as a DataFrame.
 
         A branch this process just created was once (1 in ~160 test runs, two writers on one
-        SQLite catalog) reported missing by Spark; the load is retried a few times, with a
-        warning, before that error is believed.
+        SQLite catalog) reported missing by Spark; while the catalog (read by PyIceberg) says the
+        branch exists, the load is repeated (retry.BRANCH_LOAD) before that error is believed.
         """
-        for attempt in range(1, attempts + 1):
-            try:
-                return self.spark.table(self.qualified(identifier, branch))
-            except Exception as exc:  # noqa: BLE001 - only a missing branch is retried
-                if branch == MAIN or attempt == attempts or "Cannot use branch" not in str(exc):
-                    raise
-                log.warning("%s: branch %s not found on load %d, reloading the table", identifier, branch, attempt)
-                time.sleep(0.25 * attempt)
-        raise AssertionError("unreachable")  # pragma: no cover
+        from lakehouse import retry
+
+        def branch_exists(_exc: BaseException) -> bool:
+            return branch != MAIN and self.snapshot_id(identifier, branch) is not None
+
+        return retry.call(retry.BRANCH_LOAD, lambda: self.spark.table(self.qualified(identifier, branch)),
+                          what=f"loading {identifier}@{branch}", also=branch_exists)
 
     # ------------------------------------------------------------------ writes
     def write(
@@ -378,7 +375,12 @@ class IcebergTables:
 
         class _Callable:
             def call(self_inner):
-                holder["result"] = action()
+                holder["called"] = True
+                try:
+                    holder["result"] = action()
+                except BaseException as exc:
+                    holder["error"] = exc
+                    raise
                 return None
 
             class Java:
@@ -388,10 +390,15 @@ class IcebergTables:
             jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(
                 jmap, _Callable(), jvm.java.lang.RuntimeException().getClass()
             )
-        except Exception:  # noqa: BLE001 - py4j callbacks unavailable: fall back to no properties
-            log.debug("commit properties via CommitMetadata unavailable; running without them", exc_info=True)
-            if "result" not in holder:
-                holder["result"] = action()
+        except Exception:
+            if "error" in holder:  # the action itself failed: its own error, and it never runs twice
+                raise holder["error"] from None
+            if holder.get("called"):
+                raise
+            # Py4J could not call back into Python (no callback server): the action has not run
+            log.warning("commit properties via CommitMetadata unavailable (Py4J callbacks); running without "
+                        "them", exc_info=True)
+            holder["result"] = action()
         return holder.get("result")
 
     # ------------------------------------------------------------------ publish
@@ -426,11 +433,6 @@ def _walk_parents(parent: dict[int, int | None], start: int) -> list[int]:
     return out
 
 
-#: Messages of Iceberg commit conflicts (another writer moved main between our read and commit).
-_CONFLICT_MARKERS = ("CommitFailedException", "not an ancestor", "Cannot fast-forward", "Cannot commit",
-                     "conflict", "Concurrent", "stale",
-                     # an embedded SQLite catalog busy with another writer's commit
-                     "UncheckedSQLException", "SQLITE_BUSY", "database is locked")
 _PUBLISH_LOCKS: dict[tuple[str, str], Any] = {}
 _PUBLISH_LOCKS_GUARD = threading.Lock()
 
@@ -440,20 +442,19 @@ def _publish_lock(catalog: str, identifier: str):
         return _PUBLISH_LOCKS.setdefault((catalog, identifier.lower()), threading.RLock())
 
 
-def retry_metadata_commit(tables: IcebergTables, identifier: str, action, attempts: int = 8):
+def retry_metadata_commit(tables: IcebergTables, identifier: str, action):
     """Run a small metadata commit (create/drop branch, create table) that Iceberg does not retry
-    itself: serialized per table in this process, retried on a concurrent-commit conflict."""
+    itself: serialized per table in this process, repeated on a commit conflict or a busy catalog
+    (retry.METADATA_COMMIT) against the table as it is now."""
+    from lakehouse import retry
+
+    def refresh(_exc: BaseException) -> None:
+        if tables.exists(identifier):
+            tables.spark.catalog.refreshTable(tables.qualified(identifier))
+
     with _publish_lock(tables.catalog, identifier):
-        for attempt in range(1, attempts + 1):
-            try:
-                return action()
-            except Exception as exc:  # noqa: BLE001 - only conflicts are retried
-                if attempt == attempts or not any(m in str(exc) for m in _CONFLICT_MARKERS):
-                    raise
-                if tables.exists(identifier):
-                    tables.spark.catalog.refreshTable(tables.qualified(identifier))
-                time.sleep(min(0.2 * attempt, 2.0))
-    return None  # pragma: no cover
+        return retry.call(retry.METADATA_COMMIT, action, what=f"metadata commit on {identifier}",
+                          before_retry=refresh)
 
 
 def summary_json(summary: dict[str, str], key: str) -> Any:

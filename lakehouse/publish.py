@@ -223,7 +223,7 @@ def _rebase(table, branch: str, main: int, head: int, ours: list, data_files: li
 
 def publish_branch(tables: IcebergTables, identifier: str, branch: str, *, since: int | None = None,
                    run_id: str | None = None, check: bool = True, watermark_order=None,
-                   can_rebase: bool = True, attempts: int = 20) -> PublishResult:
+                   can_rebase: bool = True) -> PublishResult:
     """Publish `branch` of `identifier` to main exactly once (see the module docstring).
 
     `since`: the main snapshot the run planned on (None: check main's whole history).
@@ -232,10 +232,12 @@ def publish_branch(tables: IcebergTables, identifier: str, branch: str, *, since
     hold `coordination.publish_lock` of the table so that concurrent publishers queue instead
     of failing their compare-and-swap; correctness does not depend on the lock.
     """
-    from pyiceberg.exceptions import CommitFailedException
+    from lakehouse import retry
 
     token: str | None = None
-    for attempt in range(1, attempts + 1):
+
+    def attempt() -> PublishResult:
+        nonlocal token
         table = _load(tables, identifier, "loading it to publish")
         md = table.metadata
         parents = {s.snapshot_id: s.parent_snapshot_id for s in md.snapshots}
@@ -254,20 +256,18 @@ def publish_branch(tables: IcebergTables, identifier: str, branch: str, *, since
             if overlap:
                 return PublishResult(main, False, "nothing", overlap=overlap)
         token = f"{branch}:{head}"
-        try:
-            if main is None or main in _walk_parents(parents, head):
-                _ride(tables, identifier, partial(_fast_forward, table, branch, main, head))
-                return PublishResult(head, True, "fast_forward")
-            found = tables.data_files(identifier, head, own[0].parent_snapshot_id) if own and can_rebase and _appends_only(own) else None
-            if found is None:
-                return PublishResult(main, False, "nothing", stale=True)
-            _ride(tables, identifier, partial(_rebase, table, branch, main, head, own, found[1], token))
-            return PublishResult(_already_published(_load(tables, identifier, "reading it").metadata, None, token),
-                                 True, "rebase")
-        except CommitFailedException as exc:
-            log.info("publish of %s@%s: main moved during the commit (attempt %d), checking again: %s",
-                     identifier, branch, attempt, str(exc)[:200])
-    raise RuntimeError(f"publishing {identifier}@{branch}: main kept moving during {attempts} attempts")
+        if main is None or main in _walk_parents(parents, head):
+            _ride(tables, identifier, partial(_fast_forward, table, branch, main, head))
+            return PublishResult(head, True, "fast_forward")
+        found = tables.data_files(identifier, head, own[0].parent_snapshot_id) if own and can_rebase and _appends_only(own) else None
+        if found is None:
+            return PublishResult(main, False, "nothing", stale=True)
+        _ride(tables, identifier, partial(_rebase, table, branch, main, head, own, found[1], token))
+        return PublishResult(_already_published(_load(tables, identifier, "reading it").metadata, None, token),
+                             True, "rebase")
+
+    # main moved during the compare-and-swap: each attempt reads main again and checks again
+    return retry.call(retry.PUBLISH, attempt, what=f"publishing {identifier}@{branch}")
 
 
 def _ride(tables: IcebergTables, identifier: str, work):

@@ -31,18 +31,16 @@ from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.model import HealingAction
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.runner import Batch, Platform, StageRunner
+from tests.fixtures.py4j_like import java_error
 
 # ---------------------------------------------------------------- classification
 
 
-class Py4JJavaError(Exception):
-    """Shaped like the error PySpark raises for JVM exceptions: the Java class is in the text."""
-
-
 @pytest.mark.parametrize("exc,code", [
-    (Py4JJavaError("An error occurred while calling o123.sql.\n: org.apache.iceberg.exceptions."
-                   "CommitFailedException: Cannot commit: stale metadata"), errors.ICEBERG_COMMIT_CONFLICT),
-    (Py4JJavaError("java.lang.OutOfMemoryError: Java heap space"), errors.OUT_OF_MEMORY),
+    (java_error("org.apache.iceberg.exceptions.CommitFailedException", message="Cannot commit: stale metadata"),
+     errors.ICEBERG_COMMIT_CONFLICT),
+    (java_error("org.apache.spark.SparkException", "java.lang.OutOfMemoryError", message="Java heap space"),
+     errors.OUT_OF_MEMORY),
     (MemoryError(), errors.OUT_OF_MEMORY),
     (Exception("[INCOMPATIBLE_DATA_FOR_TABLE.EXTRA_COLUMNS] Cannot write incompatible data for the table"
                " `lake`.`b`.`t`: too many data columns: `extra`."), errors.SCHEMA_DRIFT),
@@ -61,8 +59,8 @@ def test_classify(exc, code):
 def test_classify_follows_the_cause_chain_and_names_the_java_class():
     try:
         try:
-            raise Py4JJavaError("org.apache.iceberg.exceptions.CommitFailedException: conflict")
-        except Py4JJavaError as inner:
+            raise java_error("org.apache.iceberg.exceptions.CommitFailedException", message="conflict")
+        except Exception as inner:
             raise RuntimeError("publish failed") from inner
     except RuntimeError as outer:
         info = classify(outer)
@@ -94,7 +92,7 @@ def test_matchers_all_must_match():
     assert matches(rule(message_regex=r"timed out after \d+s"), info)
     assert not matches(rule(error_code="TRANSIENT_IO", message_regex="nope"), info)
     assert not matches(rule(error_code="OUT_OF_MEMORY"), info)
-    java = classify(Py4JJavaError("org.apache.iceberg.exceptions.CommitFailedException: x"))
+    java = classify(java_error("org.apache.iceberg.exceptions.CommitFailedException", message="x"))
     assert matches(rule(error_class="CommitFailedException"), java)
     assert matches(rule(error_class="org.apache.iceberg.exceptions.CommitFailedException"), java)
 

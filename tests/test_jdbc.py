@@ -14,6 +14,7 @@ import pytest
 import yaml
 from pyiceberg.catalog.sql import SqlCatalog
 
+from lakehouse.control import faults
 from lakehouse.ingest import jdbc
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.runner import StageRunner
@@ -331,7 +332,7 @@ def test_crash_between_read_and_commit_loses_and_doubles_nothing(platform, src_d
 
     _insert(src_db, range(41, 61), T0 + timedelta(minutes=5))
     _update(src_db, range(1, 6), T0 + timedelta(minutes=5), "upd")
-    monkeypatch.setenv(jdbc.FAULT_ENV, "pg_src")
+    monkeypatch.setenv(faults.AFTER_JDBC_READ_ENV, "pg_src")
     crashed = run_job(platform, "db_etl", instance)
     assert not crashed.success
     assert "injected fault" in str(crashed.all_events)
@@ -341,17 +342,17 @@ def test_crash_between_read_and_commit_loses_and_doubles_nothing(platform, src_d
     # more changes arrive while the pipeline is down, then a clean rerun
     _insert(src_db, range(61, 66), T0 + timedelta(minutes=10))
     _update(src_db, [41, 42], T0 + timedelta(minutes=10), "upd2")
-    monkeypatch.delenv(jdbc.FAULT_ENV)
+    monkeypatch.delenv(faults.AFTER_JDBC_READ_ENV)
     assert run_job(platform, "db_etl", instance).success
     got = _assert_bronze_equals_source(platform, src_db)
     assert len(got) == 65
     assert sum(r["val"] == "upd" for r in got) == 5 and sum(r["val"] == "upd2" for r in got) == 2
 
     # and a crash after a rerun of the same window still converges (MERGE is idempotent)
-    monkeypatch.setenv(jdbc.FAULT_ENV, "*")
+    monkeypatch.setenv(faults.AFTER_JDBC_READ_ENV, "*")
     _update(src_db, [2], T0 + timedelta(minutes=20), "x")
     assert not run_job(platform, "db_etl", instance).success
-    monkeypatch.delenv(jdbc.FAULT_ENV)
+    monkeypatch.delenv(faults.AFTER_JDBC_READ_ENV)
     assert run_job(platform, "db_etl", instance).success
     _assert_bronze_equals_source(platform, src_db)
 

@@ -14,6 +14,7 @@ from lakehouse.errors import classify
 from lakehouse.fileperms import configured_umask, hadoop_umask
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.sqlite_files import prepare_sqlite
+from tests.fixtures.py4j_like import java_error
 
 
 def test_timeout_is_derived_from_past_durations_with_a_floor_and_a_ceiling():
@@ -39,24 +40,20 @@ def test_past_durations_are_the_stages_last_successful_loads(tmp_path):
     assert past_durations(store, "p", "missing") == []
 
 
-class Py4JJavaError(Exception):
-    """Shaped like the error PySpark raises for JVM exceptions: the Java class is in the text."""
-
-
 @pytest.mark.parametrize(("exc", "code", "error_class"), [
-    (Py4JJavaError("An error occurred while calling o9.json.\n: org.apache.spark.SparkException: Job aborted due to "
-                   "stage failure: Task 0 failed: java.lang.StackOverflowError\n\tat scala.collection..."),
+    (java_error("org.apache.spark.SparkException", "java.lang.StackOverflowError",
+                message="Job aborted due to stage failure: Task 0 failed"),
      errors.JVM_ERROR, "java.lang.StackOverflowError"),
-    (Py4JJavaError("org.apache.spark.SparkException: Job aborted: ExecutorLostFailure (executor 1 exited caused "
-                   "by one of the running tasks) Reason: Remote RPC client disassociated"), errors.JVM_ERROR,
+    (java_error("org.apache.spark.SparkException", message="Job aborted: ExecutorLostFailure (executor 1 exited "
+                "caused by one of the running tasks) Reason: Remote RPC client disassociated"), errors.JVM_ERROR,
      "org.apache.spark.SparkException"),
-    (Py4JJavaError("org.apache.spark.SparkException: Job aborted: java.lang.OutOfMemoryError: Java heap space"),
+    (java_error("org.apache.spark.SparkException", "java.lang.OutOfMemoryError", message="Java heap space"),
      errors.OUT_OF_MEMORY, "java.lang.OutOfMemoryError"),
-    (Py4JJavaError("org.apache.spark.SparkException: Job 8 cancelled part of cancelled job group lakehouse-1"),
+    (java_error("org.apache.spark.SparkException", message="Job 8 cancelled part of cancelled job group lakehouse-1"),
      errors.STEP_TIMEOUT, "org.apache.spark.SparkException"),
     (errors.StepTimeout("p.s load: ran longer than the step's timeout"), errors.STEP_TIMEOUT, "StepTimeout"),
-    (Py4JJavaError("org.apache.spark.sql.execution.QueryExecutionException: Parquet column cannot be converted in "
-                   "file file:/l/drift.parquet. Column: [amount], Expected: double, Found: BINARY"),
+    (java_error("org.apache.spark.sql.execution.QueryExecutionException", message="Parquet column cannot be "
+                "converted in file file:/l/drift.parquet. Column: [amount], Expected: double, Found: BINARY"),
      errors.CORRUPT_INPUT, "org.apache.spark.sql.execution.QueryExecutionException"),
 ])
 def test_jvm_errors_and_timeouts_are_classified_by_java_class(exc, code, error_class):

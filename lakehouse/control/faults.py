@@ -1,47 +1,64 @@
-"""Fault injection for tests and drills: OFF unless the environment variable LAKEHOUSE_FAULTS is set.
+"""The one fault-injection hook, for tests and drills: every switch is an environment variable read
+here and nowhere else, and production code has one call per injection point, `inject(point, ...)`,
+which with none of them set returns after one dictionary lookup per variable.
 
-    LAKEHOUSE_FAULTS="commit_conflict:times=1;oom:rows_above=500;source_down:source=orders_raw"
-
-Faults (each fires at one named point of a stage; `times=N` limits it to the first N hits per run):
+Faults by spec, `LAKEHOUSE_FAULTS="commit_conflict:times=1;oom:rows_above=500;source_down:source=orders_raw"`
+(each fires at one named point of a stage; `times=N` limits it to the first N hits per run):
 
 * `commit_conflict` (point publish): commit an empty snapshot to main (a real concurrent commit),
-  then raise the text of Iceberg's CommitFailedException;
-* `oom` (point batch): raise a java.lang.OutOfMemoryError-like error when a batch has more than
-  `rows_above` rows;
+  then commit on the table metadata read before it, which Iceberg refuses with its own
+  CommitFailedException;
+* `oom` (point batch): raise an out-of-memory error when a batch has more than `rows_above` rows;
 * `source_down` (point extract): the stage's source `source` is unreachable;
 * `hang` (point batch): a Spark job that never finishes (a task sleeping `seconds`, default an
   hour, inside the JVM), what the step's deadline must cancel;
 * `fail` (point `point`, default extract): raise `message` (default a transient I/O error);
 * `sleep` (point `point`, default extract): hold the step for `seconds` (a slow source: pool drills).
 
-Production code calls `inject(point, ...)`; with the variable unset that is one dict lookup.
+Injected errors are the platform's own classes (`SourceUnavailable`, `TransientIO`), or
+`lakehouse.errors.InjectedFault` carrying the code of the fault it plays, so they are classified,
+healed and retried like the real one.
+
+Process faults at named points (`before_batch`, `after_branch_commit`, `before_publish`,
+`between_publishes`, `after_publish`, `download`, `entity_raw_after_branch_commit`, ...):
+
+* `LAKEHOUSE_CRASH_AT=<point>` stops the process there: with `LAKEHOUSE_CRASH_MARKER=<file>` it
+  writes the file and waits to be killed from outside (the test's kill -9); without it, it
+  SIGKILLs itself;
+* `LAKEHOUSE_PAUSE_AT=<point>[,<point>...]` with `LAKEHOUSE_PAUSE_DIR=<dir>` writes
+  `<dir>/<point>.<pid>` the first time the process gets there and waits until `<dir>/release` or
+  `<dir>/release.<point>` exists (tests line concurrent runs up at one point, or stop a database
+  while a run is there); `LAKEHOUSE_PAUSE_SECONDS` bounds the wait (default 600);
+* `LAKEHOUSE_FAULT_AFTER_JDBC_READ=<source id>|*` (point after_jdbc_read): raise after the JDBC
+  source was read and before the Iceberg commit.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import threading
+import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
+from lakehouse.errors import ICEBERG_COMMIT_CONFLICT, OUT_OF_MEMORY, InjectedFault, SourceUnavailable, TransientIO
+
 ENV = "LAKEHOUSE_FAULTS"
+CRASH_AT_ENV = "LAKEHOUSE_CRASH_AT"
+CRASH_MARKER_ENV = "LAKEHOUSE_CRASH_MARKER"
+PAUSE_AT_ENV = "LAKEHOUSE_PAUSE_AT"
+PAUSE_DIR_ENV = "LAKEHOUSE_PAUSE_DIR"
+PAUSE_SECONDS_ENV = "LAKEHOUSE_PAUSE_SECONDS"
+AFTER_JDBC_READ_ENV = "LAKEHOUSE_FAULT_AFTER_JDBC_READ"
+_SWITCHES = (ENV, CRASH_AT_ENV, PAUSE_AT_ENV, AFTER_JDBC_READ_ENV)
+
 _HITS: Counter = Counter()
 _LOCK = threading.Lock()
 
 POINTS = {"commit_conflict": "publish", "oom": "batch", "source_down": "extract", "hang": "batch"}
 FREE_POINT = ("fail", "sleep")  # faults whose point is an option (default extract)
-
-
-class InjectedFault(RuntimeError):
-    """Base of injected faults, so a drill's errors are recognisable in logs."""
-
-
-class InjectedCommitFailed(InjectedFault):
-    pass
-
-
-class InjectedOutOfMemory(InjectedFault):
-    pass
 
 
 def parse(spec: str | None) -> list[tuple[str, dict[str, str]]]:
@@ -81,9 +98,42 @@ def _take(name: str, opts: dict[str, str], run_id: str) -> bool:
 
 
 def inject(point: str, runner: Any = None, **ctx: Any) -> None:
-    """Raise the configured fault for this point, if any. No-op when LAKEHOUSE_FAULTS is unset."""
-    if not os.environ.get(ENV):
+    """Play the fault the environment asks for at this point, if any (see the module docstring)."""
+    if not any(os.environ.get(v) for v in _SWITCHES):
         return
+    if point in os.environ.get(PAUSE_AT_ENV, "").split(",") and os.environ.get(PAUSE_DIR_ENV):
+        _pause(point, os.environ[PAUSE_DIR_ENV], float(os.environ.get(PAUSE_SECONDS_ENV, "600")))
+    if os.environ.get(CRASH_AT_ENV) == point:
+        _crash(point)
+    if point == "after_jdbc_read" and os.environ.get(AFTER_JDBC_READ_ENV) in (ctx.get("source_id"), "*"):
+        ctx["df"].count()  # the read has happened...
+        raise InjectedFault(f"injected fault after reading source {ctx.get('source_id')!r} "
+                            f"(unset {AFTER_JDBC_READ_ENV})")
+    if os.environ.get(ENV):
+        _spec_faults(point, runner, ctx)
+
+
+def _crash(point: str) -> None:
+    marker = os.environ.get(CRASH_MARKER_ENV)
+    if marker:
+        with open(marker, "w") as fh:
+            fh.write(f"{os.getpid()} {point}\n")
+        time.sleep(600)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _pause(point: str, folder: str, max_wait_s: float) -> None:
+    d = Path(folder)
+    marker = d / f"{point}.{os.getpid()}"
+    if marker.exists():
+        return  # once per point and process
+    marker.write_text(f"{os.getpid()} {point}\n")
+    deadline = time.monotonic() + max_wait_s
+    while not ((d / "release").exists() or (d / f"release.{point}").exists()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _spec_faults(point: str, runner: Any, ctx: dict[str, Any]) -> None:
     run_id = getattr(runner, "run_id", "") or ""
     for name, opts in active():
         where = opts.get("point", "extract") if name in FREE_POINT else POINTS[name]
@@ -95,26 +145,19 @@ def inject(point: str, runner: Any = None, **ctx: Any) -> None:
             if opts.get("source") and opts["source"] != ctx.get("source_id"):
                 continue
             if _take(name, opts, run_id):
-                from lakehouse.errors import SourceUnavailable
-
                 raise SourceUnavailable(f"source {ctx.get('source_id')!r} is unavailable: Connection refused "
                                         f"(injected by {ENV})")
         elif name == "oom":
             df = ctx.get("df")
             limit = int(opts.get("rows_above", "0"))
             if df is not None and df.count() > limit and _take(name, opts, run_id):
-                raise InjectedOutOfMemory(f"java.lang.OutOfMemoryError: Java heap space (injected by {ENV}: "
-                                          f"batch above {limit} rows)")
+                raise InjectedFault(f"java.lang.OutOfMemoryError: Java heap space (injected by {ENV}: "
+                                    f"batch above {limit} rows)", OUT_OF_MEMORY)
         elif name == "commit_conflict":
             if _take(name, opts, run_id):
-                _concurrent_commit(runner)
-                raise InjectedCommitFailed(
-                    "org.apache.iceberg.exceptions.CommitFailedException: Cannot commit changes based on stale "
-                    f"table metadata: main of {runner.target.identifier} changed (injected by {ENV})")
+                _stale_commit(runner)
         elif name == "sleep":
             if _take(name, opts, run_id):
-                import time
-
                 time.sleep(float(opts.get("seconds", "5")))
         elif name == "hang":
             if _take(name, opts, run_id):
@@ -124,18 +167,22 @@ def inject(point: str, runner: Any = None, **ctx: Any) -> None:
                     f"reflect('java.lang.Thread', 'sleep', CAST({ms} AS BIGINT)) AS slept").collect()
         elif name == "fail":
             if _take(name, opts, run_id):
-                from lakehouse.errors import TransientIO
-
                 raise TransientIO(opts.get("message", f"503 Service Unavailable (injected by {ENV} at {point})"))
 
 
-def _concurrent_commit(runner: Any) -> None:
-    """Another writer commits to main: an empty append, so main moves but no rows change."""
-    if runner is None:
-        return
+def _stale_commit(runner: Any) -> None:
+    """Another writer commits to main (an empty append: main moves, no rows change), then a commit
+    on the table metadata read before it: Iceberg itself refuses that one with a real
+    CommitFailedException, raised here through Py4J as from any other commit."""
     tables = runner.platform.tables()
     ident = runner.target.identifier
+    ops = tables.java_table(ident).operations()
+    stale = ops.current()
     tables.spark.table(tables.qualified(ident)).limit(0).writeTo(tables.qualified(ident)).append()
+    props = tables.spark.sparkContext._jvm.java.util.HashMap()
+    props.put("lakehouse.injected_fault", "commit_conflict")
+    ops.commit(stale, stale.replaceProperties(props))
+    raise InjectedFault(f"the stale commit on {ident} was not refused (injected by {ENV})", ICEBERG_COMMIT_CONFLICT)
 
 
 def reset() -> None:

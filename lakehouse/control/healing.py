@@ -228,14 +228,12 @@ def quarantine_input(ctx: ActionContext) -> ActionResult:
     runner = ctx.runner
     dest_root = runner.platform.settings.home / "quarantine" / "files" / runner.stage.pipeline_id / runner.stage.stage_name
     moved = []
-    try:  # the ingestion checkpoints record it, so the next run does not plan it again
-        from lakehouse.ingest.checkpoints import note_unread_files
-        from lakehouse.ingest.files import QUARANTINED
+    from lakehouse.ingest.checkpoints import note_unread_files
+    from lakehouse.ingest.files import QUARANTINED
 
-        note_unread_files(runner, [f.with_status(QUARANTINED, f"{ctx.error.code}: {ctx.error.message[:500]}")
-                                   for f in bad])
-    except ImportError:
-        pass
+    # the ingestion checkpoints record it, so the next run does not plan it again
+    note_unread_files(runner, [f.with_status(QUARANTINED, f"{ctx.error.code}: {ctx.error.message[:500]}")
+                               for f in bad])
     for f in bad:
         ctx.state.quarantined_files[f.key] = ctx.error.code
         if f.local_path and Path(f.local_path).exists():
@@ -279,30 +277,18 @@ def restart_spark_session(ctx: ActionContext, stop: Callable[[], None] | None = 
 
 
 def switch_to_recovery_path(ctx: ActionContext) -> ActionResult:
-    """Source unavailable: follow the lineage reroute when available, else the source's alternative."""
+    """Source unavailable: follow the cheapest available route of the lineage graph (which includes
+    a source's declared `alternative_source_id` replica; docs/lineage.md)."""
+    from lakehouse.lineage import recovery
+
     runner = ctx.runner
     try:
-        from lakehouse.lineage import recovery  # built by the lineage work; see docs/lineage.md
-    except ImportError:
-        recovery = None
-    if recovery is not None and hasattr(recovery, "reroute"):
-        try:
-            decision = recovery.reroute(runner, runner.stage.target_id, error=ctx.exc)
-        except getattr(recovery, "NoRecoveryPath", LookupError) as exc:
-            return ActionResult("not_applicable", str(exc))
-        runner.source_override = decision.to_dataset_id
-        return ActionResult("applied", f"rerouted to {decision.to_dataset_id} via lineage",
-                            {"to": decision.to_dataset_id, "path": list(decision.path)})
-    src = runner.source
-    alt = getattr(src, "alternative_source_id", None)
-    if not alt:
-        return ActionResult("not_applicable", f"source {getattr(src, 'source_id', None)!r} has no alternative_source_id")
-    if alt == runner.source_override:
-        return ActionResult("not_applicable", f"already reading the alternative source {alt!r}")
-    runner.catalog.source(alt)  # unknown id -> KeyError naming the known ones
-    runner.source_override = alt
-    return ActionResult("applied", f"failed over from {src.source_id!r} to alternative source {alt!r}",
-                        {"from": src.source_id, "to": alt})
+        decision = recovery.reroute(runner, runner.stage.target_id, error=ctx.exc)
+    except recovery.NoRecoveryPath as exc:
+        return ActionResult("not_applicable", str(exc))
+    runner.source_override = decision.to_dataset_id
+    return ActionResult("applied", f"rerouted to {decision.to_dataset_id} via lineage",
+                        {"to": decision.to_dataset_id, "path": list(decision.path)})
 
 
 def command_argv(command: str) -> list[str]:

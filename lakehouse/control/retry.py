@@ -114,7 +114,7 @@ def retry_exception(platform, pipeline_id: str, stage_name: str, run_id: str, re
 
 def _source_unreachable(exc: BaseException, code: str) -> bool:
     """The extract failed because its source cannot be read (not bad data, not a bug)."""
-    from lakehouse.errors import SOURCE_UNAVAILABLE
-    from lakehouse.lineage.recovery import NoRecoveryPath, is_source_error
+    from lakehouse.errors import SOURCE_UNAVAILABLE, source_unreachable
+    from lakehouse.lineage.recovery import NoRecoveryPath
 
-    return code == SOURCE_UNAVAILABLE or isinstance(exc, NoRecoveryPath) or is_source_error(exc)
+    return code == SOURCE_UNAVAILABLE or isinstance(exc, NoRecoveryPath) or source_unreachable(exc)

@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
+from lakehouse.control import faults
 from lakehouse.iceberg import MAIN, IcebergTables, sql_string
 from lakehouse.ingest.files import (
     CHECKPOINT_PROPERTY,
@@ -61,42 +59,6 @@ def _engine(platform: Platform) -> sa.Engine:
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def crash_point(name: str) -> None:
-    """Fault injection for the kill -9 tests: `LAKEHOUSE_CRASH_AT=<name>` stops here.
-
-    With `LAKEHOUSE_CRASH_MARKER=<file>` the process writes the file and waits to be killed
-    from outside (the test's kill -9); without it, it SIGKILLs itself. Off unless the env asks.
-
-    `LAKEHOUSE_PAUSE_AT=<name>[,<name>...]` with `LAKEHOUSE_PAUSE_DIR=<dir>` instead writes
-    `<dir>/<name>.<pid>` the first time the process gets there and waits until `<dir>/release` or
-    `<dir>/release.<name>` exists (tests line concurrent runs up at one point, or stop a database
-    while a run is there); `LAKEHOUSE_PAUSE_SECONDS` bounds the wait (default 600).
-    """
-    if name in os.environ.get("LAKEHOUSE_PAUSE_AT", "").split(",") and os.environ.get("LAKEHOUSE_PAUSE_DIR"):
-        pause_here(name, os.environ["LAKEHOUSE_PAUSE_DIR"], float(os.environ.get("LAKEHOUSE_PAUSE_SECONDS", "600")))
-    if os.environ.get("LAKEHOUSE_CRASH_AT") != name:
-        return
-    marker = os.environ.get("LAKEHOUSE_CRASH_MARKER")
-    if marker:
-        with open(marker, "w") as fh:
-            fh.write(f"{os.getpid()} {name}\n")
-        time.sleep(600)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def pause_here(name: str, folder: str, max_wait_s: float) -> None:
-    from pathlib import Path
-
-    d = Path(folder)
-    marker = d / f"{name}.{os.getpid()}"
-    if marker.exists():
-        return  # once per point and process
-    marker.write_text(f"{os.getpid()} {name}\n")
-    deadline = time.monotonic() + max_wait_s
-    while not ((d / "release").exists() or (d / f"release.{name}").exists()) and time.monotonic() < deadline:
-        time.sleep(0.1)
 
 
 @dataclass
@@ -290,7 +252,7 @@ def read_batch(runner: StageRunner, spark: SparkSession, source: Source, chunk: 
 
     from lakehouse.ingest.prepare import prepare_files
 
-    crash_point("before_batch" if not getattr(runner, "_batches_read", 0) else "after_branch_commit")
+    faults.inject("before_batch" if not getattr(runner, "_batches_read", 0) else "after_branch_commit")
     runner._batches_read = getattr(runner, "_batches_read", 0) + 1
     if prepared is None:
         prepared = prepare_files(runner, spark, source, chunk)
@@ -359,7 +321,7 @@ def ingest_metadata(runner: StageRunner) -> dict:
 
 def record_published(runner: StageRunner, outcome: StageOutcome, plan: ExtractPlan | None = None) -> None:
     """After publish: fold the new main snapshots into the checkpoint table, clean staging, report."""
-    crash_point("after_publish")
+    faults.inject("after_publish")
     Checkpoints(runner.platform, runner.target.identifier).sync(runner.platform.tables())
     outcome.extra.update(ingest_metadata(runner))
     if plan is not None and plan.kind == "s3":

@@ -27,6 +27,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lakehouse.control import faults
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
@@ -37,8 +39,6 @@ log = logging.getLogger(__name__)
 
 WATERMARK_PROPERTY = "lakehouse.jdbc.watermark"
 SOURCE_PROPERTY = "lakehouse.jdbc.source"
-#: Set to a source id (or "*") to raise after the source was read and before the Iceberg commit.
-FAULT_ENV = "LAKEHOUSE_FAULT_AFTER_JDBC_READ"
 #: A range holding more than SKEW_FACTOR / N of the rows makes the planner switch to quantile ranges.
 DEFAULT_SKEW_FACTOR = 2.0
 DEFAULT_QUANTILE_SAMPLE_ROWS = 200_000
@@ -56,10 +56,6 @@ DRIVERS = {
 
 class JdbcSourceError(RuntimeError):
     """A JDBC source is misconfigured or unreachable; the message names the source and the fix."""
-
-
-class InjectedFault(RuntimeError):
-    """Raised by the fault hook (FAULT_ENV) to prove crash safety in tests."""
 
 
 # --------------------------------------------------------------------------- dialects
@@ -643,9 +639,7 @@ def batches(runner: StageRunner, plan: ExtractPlan):
         from lakehouse.iceberg import quote
 
         df = df.where(F.col(quote(src.watermark_column)) > F.lit(decode_watermark(plan.details["remainder_after"])))
-    if os.environ.get(FAULT_ENV) in (src.source_id, "*"):
-        df.count()  # the read has happened...
-        raise InjectedFault(f"injected fault after reading source {src.source_id!r} (unset {FAULT_ENV})")
+    faults.inject("after_jdbc_read", runner, source_id=src.source_id, df=df)
     props = {SOURCE_PROPERTY: src.source_id, "lakehouse.jdbc.load_type": src.load_type,
              "lakehouse.run_id": runner.run_id}
     if plan.details.get("watermark_high"):

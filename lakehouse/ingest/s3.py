@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from lakehouse.ingest.checkpoints import Checkpoints, crash_point, engine_for
+from lakehouse.control import faults
+from lakehouse.ingest.checkpoints import Checkpoints, engine_for
 from lakehouse.ingest.files import QUARANTINED, FileRef, select_for_run
 from lakehouse.ingest.paths import key_problem
 from lakehouse.metadata.schema import arrival_requests, ingest_cursors
@@ -322,7 +323,7 @@ def download(client, source: Source, files: list[FileRef], dest: Path, threads: 
                 fh.write(chunk)
         tmp.replace(path)
         if i == 0:
-            crash_point("download")
+            faults.inject("download")
         return FileRef(f.key, f.size, f.etag, str(path)), None
 
     staged, skipped = [], []

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
+from lakehouse.errors import SourceUnavailable, source_unreachable
 from lakehouse.lineage.graph import (
     Route,
     build_graph,
@@ -40,10 +41,6 @@ class NoRecoveryPath(RuntimeError):
     def __init__(self, message: str, routes: list[Route] | None = None):
         super().__init__(message)
         self.routes = routes or []
-
-
-class SourceUnavailable(OSError):
-    """A health probe said the source cannot be read now."""
 
 
 @dataclass
@@ -189,19 +186,6 @@ def route_report(platform: Platform, dataset_id: str, catalog: MetadataCatalog |
     return rs, choose(rs)
 
 
-def is_source_error(exc: BaseException) -> bool:
-    """Errors that mean "the source cannot be read", as opposed to bad data or a bug."""
-    names = {c.__name__ for c in type(exc).__mro__}
-    if names & {"OSError", "ClientError", "BotoCoreError", "OperationalError", "InterfaceError",
-                "EndpointConnectionError", "SourceUnavailable"}:
-        return True
-    if "Py4JJavaError" in names:
-        text = str(exc)
-        return any(s in text for s in ("SQLException", "ConnectException", "FileNotFoundException",
-                                       "PSQLException", "UnknownHostException", "AccessDeniedException"))
-    return False
-
-
 def _unpack(runner_or_platform) -> tuple[Platform, StageRunner | None]:
     if hasattr(runner_or_platform, "stage") and hasattr(runner_or_platform, "platform"):
         return runner_or_platform.platform, runner_or_platform
@@ -338,7 +322,7 @@ def extract_with_recovery(runner: StageRunner, plan: Callable[[], Any]) -> Any:
     try:
         return plan()
     except Exception as exc:
-        if not is_source_error(exc):
+        if not source_unreachable(exc):
             raise
         reroute(runner, st.target_id, failed=runner.source_override or current, error=exc)
         return plan()

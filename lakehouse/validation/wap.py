@@ -10,7 +10,6 @@ table needs to branch from, and (policy `evolve`) new nullable columns in the ta
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from lakehouse.iceberg import MAIN, IcebergTables, WriteResult, retry_metadata_commit
@@ -181,15 +180,32 @@ class AuditedWrite:
         known = answerable_keys(row_pass, keep.schema) if self.tables.meta is not None else set()
         return row_pass.keys() - known
 
-    def _write_branch(self, keep: DataFrame, batch: Batch, aggregates: list, attempts: int = 4):
+    def _write_branch(self, keep: DataFrame, batch: Batch, aggregates: list):
         """Append to the branch; row-rule counts the file statistics cannot give ride on the
-        write (`DataFrame.observe`). A commit that failed on a busy catalog, or because the
-        catalog database was briefly down (lakehouse.outage), is retried only if the branch head
-        did not move (so a commit that did land is never written twice)."""
-        from lakehouse.iceberg import _CONFLICT_MARKERS
+        write (`DataFrame.observe`). A commit that failed on a busy catalog or a commit conflict,
+        or because the catalog database was briefly down (lakehouse.outage), is repeated
+        (retry.BRANCH_WRITE) only while the branch head did not move, so a commit that did land is
+        never written twice."""
+        head = self.tables.snapshot_id(self.ident, self.branch)
+        try:
+            return self._write_branch_retried(keep, batch, aggregates, head)
+        except Exception as exc:  # noqa: BLE001 - only a rule's failing count is handled here
+            if not (aggregates and _rule_may_be_at_fault(exc)
+                    and self.tables.snapshot_id(self.ident, self.branch) == head):
+                raise
+            # a rule's count broke the observed write: write without it; the audit then counts on the
+            # rows, rule by rule, and only that rule's check ends in error
+            text = str(exc).strip()
+            log.warning("write to %s@%s with the rules' observed counts failed (%s); writing without them",
+                        self.ident, self.branch, text.splitlines()[0][:200] if text else exc)
+            self._observation_ok = False
+            return self._write_branch_retried(keep, batch, [], head)
+
+    def _write_branch_retried(self, keep: DataFrame, batch: Batch, aggregates: list, head: int | None):
+        from lakehouse import retry
         from lakehouse.outage import is_connection_failure
 
-        for attempt in range(1, attempts + 1):
+        def write():
             observation = None
             frame = keep
             if aggregates:
@@ -198,29 +214,16 @@ class AuditedWrite:
                 self._batches += 1
                 observation = Observation(f"audit_{self.branch}_{self._batches}")
                 frame = keep.observe(observation, *aggregates)
-            head = self.tables.snapshot_id(self.ident, self.branch)
-            try:
-                res = self.tables.write(frame, self.target, branch=self.branch,
-                                        snapshot_properties=batch.snapshot_properties)
-                return res, observation
-            except Exception as exc:  # noqa: BLE001 - only a transient catalog failure is retried
-                text = str(exc)
-                if aggregates and _rule_may_be_at_fault(exc) and self.tables.snapshot_id(self.ident, self.branch) == head:
-                    # a rule's count broke the observed write: write without it; the audit then counts
-                    # on the rows, rule by rule, and only that rule's check ends in error
-                    log.warning("write to %s@%s with the rules' observed counts failed (%s); writing without them",
-                                self.ident, self.branch, text.strip().splitlines()[0][:200] if text.strip() else exc)
-                    self._observation_ok = False
-                    aggregates = []
-                    continue
-                outage = is_connection_failure(exc)
-                if attempt == attempts or not (outage or any(m in text for m in _CONFLICT_MARKERS)) \
-                        or self.tables.snapshot_id(self.ident, self.branch) != head:  # waits out an outage
-                    raise
-                log.warning("write to %s@%s hit a busy catalog (attempt %d), retrying: %s", self.ident,
-                            self.branch, attempt, text.splitlines()[0][:200])
-                time.sleep(0.5 * attempt)
-        raise AssertionError("unreachable")  # pragma: no cover
+            res = self.tables.write(frame, self.target, branch=self.branch,
+                                    snapshot_properties=batch.snapshot_properties)
+            return res, observation
+
+        def head_unmoved(exc: BaseException) -> bool:  # and not a rule's count, which _write_branch handles
+            return (not (aggregates and _rule_may_be_at_fault(exc))
+                    and self.tables.snapshot_id(self.ident, self.branch) == head)
+
+        return retry.call(retry.BRANCH_WRITE, write, what=f"write to {self.ident}@{self.branch}",
+                          also=is_connection_failure, only=head_unmoved)
 
     def _quarantine_writer(self):
         if self._quarantine is None:
@@ -293,15 +296,15 @@ class AuditedWrite:
         PublishResult: not published when the input (or part of it) is already on main. A
         crash between the two commits is completed by the next run (lakehouse.branches)."""
         from lakehouse import coordination
-        from lakehouse.ingest.checkpoints import crash_point
+        from lakehouse.control import faults
         from lakehouse.ingest.jdbc import watermark_order
         from lakehouse.publish import publish_branch
 
-        crash_point("before_publish")
+        faults.inject("before_publish")
         with coordination.publish_lock(self.runner.platform, self.ident):
             res = publish_branch(self.tables, self.ident, self.branch, since=self.since, run_id=self.runner.run_id,
                                  watermark_order=watermark_order, can_rebase=self.target.write_mode == "append")
             if res.published and self._quarantine is not None:
-                crash_point("between_publishes")
+                faults.inject("between_publishes")
                 self._quarantine.publish()
         return res
