@@ -33,6 +33,7 @@ class InPlace:
     codes: frozenset[str]  # transient error codes it repeats
     first_wait_s: float = 0.2
     max_wait_s: float = 2.0
+    log_level: int = logging.WARNING  # of the line each repeat logs
 
     def wait_s(self, attempt: int) -> float:
         """Wait after failed call `attempt` (1-based): doubling from first_wait_s, capped."""
@@ -46,7 +47,8 @@ METADATA_COMMIT = InPlace("metadata_commit", attempts=8, codes=_COMMIT_CODES)
 #: An append to the run's own audit branch that a busy catalog refused (only while the head did not move).
 BRANCH_WRITE = InPlace("branch_write", attempts=4, codes=_COMMIT_CODES, first_wait_s=0.5, max_wait_s=4.0)
 #: The publish compare-and-swap: main moved between reading it and committing; each attempt reads main again.
-PUBLISH = InPlace("publish", attempts=20, codes=_COMMIT_CODES, first_wait_s=0.0, max_wait_s=0.0)
+PUBLISH = InPlace("publish", attempts=20, codes=_COMMIT_CODES, first_wait_s=0.0, max_wait_s=0.0,
+                  log_level=logging.INFO)  # concurrent publishers meet here as a matter of course
 #: Spark's catalog not yet seeing a branch that PyIceberg already sees (a just-created branch).
 BRANCH_LOAD = InPlace("branch_load", attempts=4, codes=frozenset(), first_wait_s=0.25, max_wait_s=1.0)
 
@@ -76,8 +78,8 @@ def call(policy: InPlace, fn: Callable[[], T], *, what: str,
 
     def before_sleep(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception()
-        log.warning("%s (%s): attempt %d/%d failed, retrying: %s", what, policy.name, state.attempt_number,
-                    policy.attempts, (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200])
+        log.log(policy.log_level, "%s (%s): attempt %d/%d failed, retrying: %s", what, policy.name,
+                state.attempt_number, policy.attempts, (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200])
         if before_retry is not None:
             before_retry(exc)
 
