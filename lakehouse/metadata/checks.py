@@ -18,7 +18,14 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from lakehouse.metadata.derive import LiveSchemas, StageColumns, derive_columns, stage_rules
+from lakehouse.metadata.derive import (
+    LiveSchemas,
+    StageColumns,
+    StageDerivation,
+    derive_columns,
+    stage_rules,
+    stage_upstreams,
+)
 from lakehouse.metadata.model import MetadataCatalog, Rule, Source, Stage, Target
 
 
@@ -226,3 +233,72 @@ def _expression_columns(expression: str, rule_name: str) -> tuple[str | None, tu
         return str(exc).replace(f"rule {rule_name!r}: ", "", 1), ()
     tree = sqlglot.parse_one(expression, read="spark")
     return None, tuple(sorted({c.parts[0].name for c in tree.find_all(exp.Column) if c.parts}))
+
+
+# ------------------------------------------------------------------------------ re-apply: check what changed
+@dataclass(frozen=True)
+class Baseline:
+    """The metadata as stored before an apply (it passed these checks when it was applied) and the
+    derived rows that are up to date with it, by (pipeline_id, stage_name). A re-apply checks again
+    only the stages whose answer can differ from then (`stages_to_check`)."""
+
+    catalog: MetadataCatalog
+    derived: Mapping[tuple[str, str], StageDerivation]
+
+
+class _Inputs:
+    """The rows a stage's checks read besides other stages' columns: the stage, its target, its
+    source (or the target it names), its rule set; looked up in dicts built once per catalog."""
+
+    def __init__(self, catalog: MetadataCatalog):
+        self.targets = {t.target_id: t for t in catalog.targets}
+        self.sources = {s.source_id: s for s in catalog.sources}
+        self.rule_sets = {r.rule_set_id: r for r in catalog.validation_rules}
+        self.stages = {(s.pipeline_id, s.stage_name): s for s in catalog.stages}
+
+    def of(self, stage: Stage) -> tuple:
+        return (stage, self.targets.get(stage.target_id), self.sources.get(stage.source_id or ""),
+                self.targets.get(stage.source_id or ""), self.rule_sets.get(stage.validation_set_id or ""))
+
+
+def unchanged_reads(baseline: Baseline, after: MetadataCatalog) -> dict[tuple[str, str], list[str]]:
+    """{(pipeline_id, stage_name): the tables it reads, as stored} for every stage of `after` whose
+    own inputs (`_Inputs`) are what they were in the baseline and whose stored derivation is up to
+    date: those stages' SQL need not be parsed again."""
+    before, now = _Inputs(baseline.catalog), _Inputs(after)
+    out: dict[tuple[str, str], list[str]] = {}
+    for key, st in now.stages.items():
+        d, old = baseline.derived.get(key), before.stages.get(key)
+        if d is not None and old is not None and before.of(old) == now.of(st):
+            out[key] = list(d.upstream_tables)
+    return out
+
+
+def stages_to_check(after: MetadataCatalog, unchanged: Mapping[tuple[str, str], list[str]]) -> set[tuple[str, str]]:
+    """The stages whose static checks can answer otherwise than for the baseline: the changed ones
+    (not in `unchanged`), every stage downstream of them (the columns it reads may have changed,
+    breaking its SQL or its rules), and every stage whose referential rule looks up a table one of
+    those writes. What the live tables hold is checked by each run before its first write
+    (lakehouse.preflight), not by a re-apply of unchanged stages."""
+    import networkx as nx
+
+    producer = {t.identifier.lower(): t.target_id for t in after.targets if t.kind == "iceberg"}
+    writer = {s.target_id: (s.pipeline_id, s.stage_name) for s in after.stages}
+    graph = nx.DiGraph()
+    for st in after.stages:
+        key = (st.pipeline_id, st.stage_name)
+        graph.add_node(key)
+        reads = unchanged.get(key)
+        for ident in (reads if reads is not None else stage_upstreams(after, st)):
+            up = writer.get(producer.get(ident, ""))
+            if up is not None:
+                graph.add_edge(up, key)
+    todo = {k for k in graph.nodes if k not in unchanged}
+    for k in list(todo):
+        todo |= nx.descendants(graph, k)
+    written = {s.target_id for s in after.stages if (s.pipeline_id, s.stage_name) in todo}
+    written |= {t.identifier for t in after.targets if t.target_id in written and t.kind == "iceberg"}
+    for st in after.stages:
+        if any(r.type == "referential_integrity" and r.ref_dataset in written for r in stage_rules(after, st)):
+            todo.add((st.pipeline_id, st.stage_name))
+    return todo

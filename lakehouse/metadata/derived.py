@@ -21,6 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from lakehouse.metadata.checks import Baseline
 from lakehouse.metadata.derive import (
     StageColumns,
     StageDerivation,
@@ -83,6 +84,17 @@ def _to_row(d: StageDerivation, now: datetime) -> dict[str, Any]:
 
 def read_derived(conn: sa.Connection) -> dict[tuple[str, str], StageDerivation]:
     return {(r["pipeline_id"], r["stage_name"]): _from_row(r) for r in conn.execute(sa.select(derived_stages)).mappings()}
+
+
+def read_baseline(conn: sa.Connection, catalog: MetadataCatalog) -> Baseline:
+    """`catalog` (the metadata as stored, read on `conn`) with its derived rows that are up to date:
+    what a re-apply compares against, so that it checks only what changed. A row whose stage was
+    changed behind apply's back (plain SQL) is left out, and that stage is checked again."""
+    digests = digests_of(_raw_rows(conn, INPUT_SECTIONS))
+    stages = {(s.pipeline_id, s.stage_name): s for s in catalog.stages}
+    fresh = {k: d for k, d in read_derived(conn).items()
+             if k in stages and d.inputs_hash == stage_inputs_hash(catalog, stages[k], digests)}
+    return Baseline(catalog, fresh)
 
 
 def refresh(conn: sa.Connection, catalog: MetadataCatalog, *, force: bool = False) -> RefreshReport:

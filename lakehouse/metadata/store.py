@@ -135,8 +135,14 @@ class MetadataStore:
     def apply(self, incoming: LoadedMetadata, *, replace: bool = False, live=None) -> dict[str, int]:
         """Merge rows by key (or replace everything) in one transaction; validate the result first
         (with `live` table schemas for the static checks, lakehouse.metadata.checks)."""
+        from lakehouse.metadata.derived import read_baseline, refresh
+
         self.create_all()
         current = MetadataCatalog() if replace else self.load()
+        baseline = None
+        if not replace:  # what was applied before passed the checks: check again what this apply changes
+            with self.engine.connect() as conn:
+                baseline = read_baseline(conn, current)
         merged_rows: dict[str, list[tuple[Entity, Origin]]] = {}
         for section in SECTIONS:
             by_key: dict[tuple, tuple[Entity, Origin]] = {
@@ -145,7 +151,8 @@ class MetadataStore:
             for e in getattr(incoming.catalog, section):
                 by_key[e.key()] = (e, incoming.origins.get((section, e.key()), Origin("input", section)))
             merged_rows[section] = list(by_key.values())
-        merged = build_catalog(merged_rows, live=live).catalog  # raises MetadataError naming file and key path
+        # raises MetadataError naming file and key path
+        merged = build_catalog(merged_rows, live=live, baseline=baseline).catalog
         counts: dict[str, int] = {}
         with self.engine.begin() as conn:
             for section, (table, json_cols) in TABLES.items():
@@ -153,11 +160,11 @@ class MetadataStore:
                 if replace:
                     conn.execute(sa.delete(table))
                 entities = getattr(incoming.catalog, section)
+                stored = {e.key(): e for e in getattr(current, section)}
                 for e in entities:
-                    self._upsert(conn, table, json_cols, model, e)
+                    if stored.get(e.key()) != e:  # a row that is what it was is not written again
+                        self._upsert(conn, table, json_cols, model, e)
                 counts[section] = len(entities)
-            from lakehouse.metadata.derived import refresh
-
             # in the same transaction: the derived rows never disagree with the metadata they come from
             counts["derived_stages"] = len(refresh(conn, merged).rederived)
         return counts
