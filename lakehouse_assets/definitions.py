@@ -124,6 +124,8 @@ class LakehouseRepositoryData(dg.RepositoryData):
         self._lock = threading.RLock()
         self._full: dg.RepositoryDefinition | None = None
         self._jobs: dict[str, dg.JobDefinition] = {}
+        self._snapshot_lock = threading.Lock()
+        self._snapshot_ids_ready = False
 
     def _get_platform(self) -> Platform:
         return self._platform or Platform.from_env()
@@ -169,7 +171,30 @@ class LakehouseRepositoryData(dg.RepositoryData):
         return self._data().get_env_vars_by_top_level_resource()
 
     def get_all_jobs(self):
-        return self._data().get_all_jobs()
+        jobs = self._data().get_all_jobs()
+        self._snapshot_ids(jobs)
+        return jobs
+
+    def _snapshot_ids(self, jobs) -> None:
+        """Every job's snapshot id, computed once and under a lock, by whoever lists all jobs first.
+
+        Listing all jobs is what a code server's snapshot of the repository does (RepositorySnap),
+        and after a reload the webserver (twice: its reload and its watcher) and the daemon ask for
+        that snapshot at the same moment. Each snapshot needs every job's snapshot id (a hash of
+        the serialized job: most of the snapshot's cost at a thousand pipeline jobs); Dagster caches
+        them per job but not against concurrent callers, so three requests computed them three times
+        over, interleaved on the GIL. Here the first computes them and the others wait, then reuse.
+        A run worker never lists all jobs, so it never pays for this."""
+        if self._snapshot_ids_ready:
+            return
+        with self._snapshot_lock:
+            if self._snapshot_ids_ready:
+                return
+            with _no_cyclic_gc():
+                for job in jobs:
+                    job.get_job_snapshot_id()  # cached on the job definition from here on
+            gc.freeze()
+            self._snapshot_ids_ready = True
 
     def get_job_names(self):
         return self._data().get_job_names()

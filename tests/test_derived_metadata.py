@@ -399,3 +399,38 @@ def test_a_runs_build_is_the_job_the_code_location_shows(home, monkeypatch):
     trace.unlink()
     assert set(repo.job_names) >= {"p0_job", "p1_job", "p2_job", "__ASSET_JOB"}  # anything else: the whole graph
     assert [json.loads(x)["pipelines"] for x in trace.read_text().splitlines()] == [None]
+
+
+def test_concurrent_repository_snapshots_compute_each_job_snapshot_once(home, monkeypatch):
+    """After a reload the webserver (twice) and the daemon ask the code server for the repository's
+    snapshot at once; each needs every job's snapshot id. They are computed once, not once per request."""
+    import threading
+    import time
+    from collections import Counter
+
+    from dagster._core.remote_representation.external_data import RepositorySnap
+    from dagster._core.snap import JobSnap
+
+    from lakehouse_assets.definitions import lakehouse_repository
+
+    store_of(home).apply(load_metadata(copies(home / "meta", 3)))
+    repo = lakehouse_repository(Platform(load_settings(), store_of(home)))
+    repo.load_all_definitions()  # the code server's load
+    computed: Counter = Counter()
+    real = JobSnap.from_job_def.__func__
+
+    def slow_snapshot(cls, job_def, *args, **kwargs):
+        computed[job_def.name] += 1
+        time.sleep(0.05)  # long enough for the requests to overlap
+        return real(cls, job_def, *args, **kwargs)
+
+    monkeypatch.setattr(JobSnap, "from_job_def", classmethod(slow_snapshot))
+    snaps: list = []
+    requests = [threading.Thread(target=lambda: snaps.append(RepositorySnap.from_def(repo, defer_snapshots=True)))
+                for _ in range(3)]
+    for t in requests:
+        t.start()
+    for t in requests:
+        t.join()
+    assert len(snaps) == 3 and len({tuple(j.snapshot_id for j in s.job_refs) for s in snaps}) == 1
+    assert set(computed) == set(repo.job_names) and set(computed.values()) == {1}, computed
