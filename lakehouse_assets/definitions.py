@@ -184,7 +184,7 @@ class LakehouseRepositoryData(dg.RepositoryData):
         the serialized job: most of the snapshot's cost at a thousand pipeline jobs); Dagster caches
         them per job but not against concurrent callers, so three requests computed them three times
         over, interleaved on the GIL. Here the first computes them and the others wait, then reuse.
-        A run worker never lists all jobs, so it never pays for this."""
+        A run worker asks for its own job by name and does not pay for this."""
         if self._snapshot_ids_ready:
             return
         with self._snapshot_lock:
