@@ -32,6 +32,7 @@ from lakehouse.runner import Platform
 from lakehouse_assets.dashboard import dashboard_definitions
 from lakehouse_assets.entity_raw_assets import entity_raw_definitions
 from lakehouse_assets.factory import Graph, build_source_specs, build_stage_assets, job_name, pipeline_job
+from lakehouse_assets.maintenance_assets import maintenance_definitions
 from lakehouse_assets.run_summary import build_run_summary_sensor
 from resources import IcebergIOManager, LakehouseResource, spark_resource
 from schedules import build_schedules
@@ -104,11 +105,12 @@ def _build(platform: Platform, pipelines: Iterable[str] | None) -> dg.Definition
     catalog = structure.catalog
     dashboard = dashboard_definitions()
     raw = entity_raw_definitions(catalog)
+    maint = maintenance_definitions(catalog)
     return dg.Definitions(
-        assets=[*build_source_specs(g, catalog.stages), *mine, *dashboard["assets"], *raw["assets"]],
-        jobs=[*jobs, *dashboard["jobs"], *raw["jobs"]],
+        assets=[*build_source_specs(g, catalog.stages), *mine, *dashboard["assets"], *raw["assets"], *maint["assets"]],
+        jobs=[*jobs, *dashboard["jobs"], *raw["jobs"], *maint["jobs"]],
         sensors=[*build_sensors(g, jobs), *dashboard["sensors"], *raw["sensors"], build_run_summary_sensor()],
-        schedules=[*build_schedules(catalog), *raw["schedules"]],
+        schedules=[*build_schedules(catalog), *raw["schedules"], *maint["schedules"]],
         **common,
     )
 

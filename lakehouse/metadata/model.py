@@ -253,6 +253,51 @@ class SortField(BaseModel):
     _v_col = field_validator("column")(lambda cls, v: check_ident(v, "sort column"))
 
 
+class Maintenance(BaseModel):
+    """Table maintenance of one target (lakehouse.maintenance); an unset field takes the platform
+    default (platform setting `maintenance.<field>`), then the built-in one."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool | None = Field(default=None, description="maintain this table at all (default true)")
+    snapshot_max_age_hours: float | None = Field(
+        default=None, gt=0, description="expire snapshots older than this (default 168); never the head of a "
+        "branch or tag (kept audit branches), the newest min_snapshots_to_keep, or what an incremental "
+        "consumer has not read yet")
+    min_snapshots_to_keep: int | None = Field(default=None, ge=1, description="newest snapshots kept whatever "
+                                              "their age (default 5)")
+    target_file_size_mb: int | None = Field(default=None, ge=1, description="compaction's output file size "
+                                            "(default 128)")
+    small_file_mb: float | None = Field(default=None, gt=0, description="a data file under this size counts as "
+                                        "small (default 32)")
+    compact_min_small_files: int | None = Field(default=None, ge=2, description="compact once more than this "
+                                                "many small files are live (default 10)")
+    orphan_min_age_hours: float | None = Field(
+        default=None, ge=24, description="remove files no snapshot references only when older than this "
+        "(default 72; at least 24, which Iceberg's procedure insists on: a younger file may be a concurrent "
+        "writer's, not yet committed)")
+    rewrite_manifests: bool | None = Field(default=None, description="rewrite the manifests once the current "
+                                           "snapshot has more than maintenance.MANIFEST_TRIGGER (default true)")
+
+
+def check_maintenance_setting(key: str, value: str) -> None:
+    """`maintenance.<field>` and `maintenance.schedule[.<namespace>]` platform settings, checked on load."""
+    name = key[len("maintenance."):]
+    if name == "schedule" or name.startswith("schedule."):
+        if name.startswith("schedule."):
+            check_ident(name[len("schedule."):], f"namespace in {key}")
+        if len(value.split()) not in (5, 6):
+            raise ValueError(f"{key}: {value!r} is not a cron expression (5 or 6 fields)")
+        return
+    if name not in Maintenance.model_fields:
+        raise ValueError(f"{key}: unknown maintenance setting; known: schedule, schedule.<namespace>, "
+                         + ", ".join(Maintenance.model_fields))
+    try:
+        Maintenance.model_validate({name: value})
+    except ValueError as exc:
+        msgs = "; ".join(e["msg"] for e in exc.errors()) if hasattr(exc, "errors") else str(exc)
+        raise ValueError(f"{key}: {msgs}") from None
+
+
 class Target(Entity):
     __key__ = ("target_id",)
 
@@ -266,6 +311,8 @@ class Target(Entity):
     write_mode: Literal["append", "overwrite", "overwrite_partitions", "merge"] = "append"
     merge_keys: list[str] = Field(default_factory=list)
     table_properties: dict[str, str] = Field(default_factory=dict)
+    maintenance: Maintenance | None = Field(default=None, description="table maintenance; unset fields take "
+                                            "the platform defaults (settings maintenance.*)")
     export_target_id: str | None = Field(default=None, description="a warehouse target this table is exported to")
     alternative_source_id: str | None = Field(
         default=None, description="a declared replica of this table (a source, e.g. kind iceberg): SQL stages "
@@ -629,6 +676,12 @@ class PlatformSetting(Entity):
 
     setting_key: str
     setting_value: str
+
+    @model_validator(mode="after")
+    def _known_values(self) -> PlatformSetting:
+        if self.setting_key.startswith("maintenance."):
+            check_maintenance_setting(self.setting_key, self.setting_value)
+        return self
 
 
 # --------------------------------------------------------------------------- the catalog

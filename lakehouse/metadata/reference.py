@@ -11,7 +11,15 @@ from typing import Any, get_args, get_origin
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from lakehouse.metadata.model import SECTIONS, ColumnSpec, PartitionField, PromoteField, Rule, SortField
+from lakehouse.metadata.model import (
+    SECTIONS,
+    ColumnSpec,
+    Maintenance,
+    PartitionField,
+    PromoteField,
+    Rule,
+    SortField,
+)
 
 
 def _type_name(annotation: Any) -> str:
@@ -61,6 +69,8 @@ def render() -> str:
         out += _table(model) + [""]
     for title, model in (("rule (inside validation_rules.rules)", Rule), ("column spec", ColumnSpec),
                          ("partition field", PartitionField), ("sort field", SortField),
-                         ("promote field", PromoteField)):
+                         ("promote field", PromoteField),
+                         ("maintenance (targets.maintenance; platform defaults: settings maintenance.<field>)",
+                          Maintenance)):
         out += [f"## {title}", ""] + _table(model) + [""]
     return "\n".join(out)

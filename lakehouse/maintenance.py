@@ -1,0 +1,334 @@
+"""Table maintenance from metadata: compaction, snapshot expiry, orphan-file removal, manifest rewrite.
+
+Every batch and every publish adds a snapshot and small files; nothing else ever removes them, so
+reads get slower and storage grows with every run. For one table this module decides what is due
+under the target's `maintenance` block (model.Maintenance; unset fields take the platform settings
+`maintenance.<field>`, then DEFAULTS) and runs Iceberg's own Spark procedures for it:
+
+* `rewrite_data_files` (bin-pack) once more than `compact_min_small_files` live data files are under
+  `small_file_mb`, writing files of `target_file_size_mb`;
+* `expire_snapshots` older than `snapshot_max_age_hours`, keeping the newest `min_snapshots_to_keep`.
+  Iceberg never expires a snapshot a branch or tag points at, so a kept failed audit's branch
+  (lakehouse.branches) and its data stay readable: a branch's own `max-snapshot-age-ms` only governs
+  the branch's older ancestors, never its head. What *can* drop such a branch is a `max-ref-age-ms`
+  on the ref or the table property `history.expire.max-ref-age-ms` (unset, branches never expire):
+  when one would remove an audit branch, expiry is skipped for the table and the reason recorded.
+  An incremental consumer records the upstream snapshot it read up to in its own snapshot summary
+  as `lakehouse.consumed.<upstream namespace.table>` = snapshot id (CONSUMED_PREFIX); expiry never
+  goes past the oldest such snapshot still in the table, so the next incremental read finds it;
+* `remove_orphan_files` older than `orphan_min_age_hours` (at least 24: a younger file may be a
+  concurrent writer's, not yet committed), and not at all while a live run holds a lease on the
+  table (lakehouse.coordination), whose uncommitted files look exactly like orphans;
+* `rewrite_manifests` once the current snapshot has more than MANIFEST_TRIGGER manifests.
+
+Identifiers reach SQL backtick-quoted, values as literals (lakehouse.iceberg.quote / sql_string).
+Results go to the audit log (event `maintenance`) and back to the caller (the Dagster asset puts them
+in its materialization metadata; `lakehouse maintain` prints them).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from lakehouse.iceberg import MAIN, quote, sql_string
+from lakehouse.metadata.model import Maintenance
+
+if TYPE_CHECKING:
+    from lakehouse.iceberg import IcebergTables
+    from lakehouse.metadata.model import MetadataCatalog, Target
+    from lakehouse.runner import Platform
+
+log = logging.getLogger(__name__)
+
+DEFAULTS = Maintenance(enabled=True, snapshot_max_age_hours=168.0, min_snapshots_to_keep=5, target_file_size_mb=128,
+                       small_file_mb=32.0, compact_min_small_files=10, orphan_min_age_hours=72.0,
+                       rewrite_manifests=True)
+DEFAULT_SCHEDULE = "0 3 * * *"  # daily at 03:00 UTC, unless maintenance.schedule[.<namespace>] says otherwise
+MANIFEST_TRIGGER = 10
+CONSUMED_PREFIX = "lakehouse.consumed."
+MAX_REF_AGE_PROPERTY = "history.expire.max-ref-age-ms"
+AUDIT_EVENT = "maintenance"
+MB = 1024 * 1024
+
+
+# --------------------------------------------------------------------------- what applies
+
+
+def policy(catalog: MetadataCatalog, target: Target) -> Maintenance:
+    """The target's block over the platform settings over DEFAULTS: every field set."""
+    out: dict[str, Any] = {}
+    for name in Maintenance.model_fields:
+        value = getattr(target.maintenance, name) if target.maintenance is not None else None
+        if value is None:
+            raw = catalog.setting(f"maintenance.{name}")
+            value = getattr(Maintenance.model_validate({name: raw}), name) if raw not in (None, "") else None
+        out[name] = getattr(DEFAULTS, name) if value is None else value
+    return Maintenance(**out)
+
+
+def schedule(catalog: MetadataCatalog, namespace: str) -> str:
+    return (catalog.setting(f"maintenance.schedule.{namespace}") or catalog.setting("maintenance.schedule")
+            or DEFAULT_SCHEDULE)
+
+
+def namespaces(catalog: MetadataCatalog) -> dict[str, list[Target]]:
+    """{namespace: its Iceberg targets}, in metadata order."""
+    out: dict[str, list[Target]] = {}
+    for t in catalog.targets:
+        if t.kind == "iceberg":
+            out.setdefault(t.namespace, []).append(t)
+    return out
+
+
+def resolve_target(catalog: MetadataCatalog, name: str) -> Target:
+    """A target by id or by `namespace.table`; KeyError naming the known tables otherwise."""
+    t = catalog.target_by_identifier(name)
+    if t is None:
+        t = next((x for x in catalog.targets if x.target_id == name and x.kind == "iceberg"), None)
+    if t is None:
+        known = sorted(x.identifier for x in catalog.targets if x.kind == "iceberg")
+        raise KeyError(f"unknown table {name!r}: not an Iceberg target in the metadata; known: {known}")
+    return t
+
+
+# --------------------------------------------------------------------------- what is there
+
+
+@dataclass
+class TableState:
+    data_files: int = 0
+    small_files: int = 0
+    data_bytes: int = 0
+    manifests: int = 0
+    snapshots: int = 0
+
+
+def table_state(tables: IcebergTables, ident: str, small_bytes: int) -> TableState:
+    """Counts of the current snapshot's live files and the table's snapshots (PyIceberg: no Spark job)."""
+    tbl = tables.meta.load_table(ident)
+    snap = tbl.current_snapshot()
+    st = TableState(snapshots=len(tbl.metadata.snapshots))
+    if snap is None:
+        return st
+    st.manifests = len(snap.manifests(tbl.io))
+    for task in tbl.scan().plan_files():
+        st.data_files += 1
+        st.data_bytes += task.file.file_size_in_bytes
+        st.small_files += task.file.file_size_in_bytes < small_bytes
+    return st
+
+
+def consumer_floor(tables: IcebergTables, catalog: MetadataCatalog, ident: str) -> dict[str, int]:
+    """{consumer table: the snapshot of `ident` it read up to}, for snapshots `ident` still has."""
+    key = CONSUMED_PREFIX + ident
+    have = {s.snapshot_id for s in tables.meta.load_table(ident).metadata.snapshots}
+    out = {}
+    for t in catalog.targets:
+        if t.kind != "iceberg" or t.identifier == ident or not tables.exists(t.identifier):
+            continue
+        sid = tables.snapshot_id(t.identifier)
+        raw = tables.snapshot_summary(t.identifier, sid).get(key) if sid is not None else None
+        if raw and raw.lstrip("-").isdigit() and int(raw) in have:
+            out[t.identifier] = int(raw)
+    return out
+
+
+def _ref_expiry_threat(tables: IcebergTables, ident: str, now_ms: int) -> str | None:
+    """Why expire_snapshots would drop an audit branch (a max-ref-age), or None."""
+    from lakehouse.branches import PREFIX
+
+    md = tables.meta.load_table(ident).metadata
+    table_max = md.properties.get(MAX_REF_AGE_PROPERTY)
+    ts = {s.snapshot_id: s.timestamp_ms for s in md.snapshots}
+    for name, ref in md.refs.items():
+        if name == MAIN or not name.startswith(PREFIX):
+            continue
+        max_age = ref.max_ref_age_ms or (int(table_max) if table_max else None)
+        if max_age is not None and now_ms - ts.get(ref.snapshot_id, now_ms) > max_age:
+            return (f"branch {name} is older than its max-ref-age ({max_age} ms): expire_snapshots would drop it; "
+                    f"unset {MAX_REF_AGE_PROPERTY} / the ref's max-ref-age to maintain snapshots of {ident}")
+    return None
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class Plan:
+    table: str
+    policy: Maintenance
+    before: TableState
+    compact: bool
+    expire: bool
+    orphans: bool
+    manifests: bool
+    expire_older_than_ms: int
+    orphan_older_than_ms: int
+    reasons: dict[str, str] = field(default_factory=dict)
+    protected: dict[str, int] = field(default_factory=dict)
+
+
+def plan(platform: Platform, tables: IcebergTables, catalog: MetadataCatalog, target: Target,
+         now: float | None = None) -> Plan:
+    """What is due for one table now, and why (or why not)."""
+    from lakehouse import coordination
+
+    ident = target.identifier
+    pol = policy(catalog, target)
+    now_ms = int((time.time() if now is None else now) * 1000)
+    before = table_state(tables, ident, int(pol.small_file_mb * MB))
+    reasons: dict[str, str] = {}
+    compact = before.small_files > pol.compact_min_small_files
+    reasons["compact"] = (f"{before.small_files} of {before.data_files} live file(s) under {pol.small_file_mb:g} MB "
+                          f"({'more than' if compact else 'not more than'} {pol.compact_min_small_files})")
+    expire_before = now_ms - int(pol.snapshot_max_age_hours * 3600_000)
+    protected = consumer_floor(tables, catalog, ident)
+    if protected:
+        snap_ts = {s.snapshot_id: s.timestamp_ms for s in tables.meta.load_table(ident).metadata.snapshots}
+        expire_before = min(expire_before, *(snap_ts[s] for s in protected.values()))
+    threat = _ref_expiry_threat(tables, ident, now_ms)
+    expire = threat is None and before.snapshots > pol.min_snapshots_to_keep
+    reasons["expire"] = threat or (f"{before.snapshots} snapshot(s), keep the newest {pol.min_snapshots_to_keep} and "
+                                   f"those after {_iso(expire_before)}"
+                                   + (f" (held back by consumer(s) {sorted(protected)})" if protected else ""))
+    live = coordination.live_runs(platform, ident)
+    reasons["orphans"] = (f"postponed: run(s) {', '.join(sorted(live))} are writing the table" if live
+                          else f"files no snapshot references, older than {pol.orphan_min_age_hours:g} h")
+    manifests = bool(pol.rewrite_manifests) and before.manifests > MANIFEST_TRIGGER
+    reasons["manifests"] = (f"{before.manifests} manifest(s) "
+                            f"({'more than' if manifests else 'not more than'} {MANIFEST_TRIGGER})"
+                            if pol.rewrite_manifests else "switched off")
+    return Plan(ident, pol, before, compact=compact, expire=expire, orphans=not live, manifests=manifests,
+                expire_older_than_ms=expire_before,
+                orphan_older_than_ms=now_ms - int(pol.orphan_min_age_hours * 3600_000),
+                reasons=reasons, protected=protected)
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _ts(ms: int) -> str:
+    """A Spark TIMESTAMP literal for an instant (explicit UTC, whatever the session time zone)."""
+    return f"TIMESTAMP {sql_string(_iso(ms))}"
+
+
+# --------------------------------------------------------------------------- doing it
+
+
+def _call(tables: IcebergTables, ident: str, procedure: str, **args: str) -> list[dict]:
+    ns, tbl = ident.split(".", 1)
+    named = [f"table => {sql_string(f'{quote(ns)}.{quote(tbl)}')}", *(f"{k} => {v}" for k, v in args.items())]
+    sql = f"CALL {quote(tables.catalog)}.system.{procedure}({', '.join(named)})"
+    log.info("%s", sql)
+    return [r.asDict() for r in tables.spark.sql(sql).collect()]
+
+
+def _options(opts: dict[str, str]) -> str:
+    return "map(" + ", ".join(f"{sql_string(k)}, {sql_string(v)}" for k, v in opts.items()) + ")"
+
+
+def maintain(platform: Platform, target: Target, *, dry_run: bool = False, run_id: str | None = None,
+             catalog: MetadataCatalog | None = None, now: float | None = None) -> dict[str, Any]:
+    """Run what is due for one table; returns the results (also written to the audit log)."""
+    catalog = catalog or platform.catalog()
+    tables = platform.tables()
+    ident = target.identifier
+    started = time.monotonic()
+    if not tables.exists(ident):
+        return {"table": ident, "skipped": "the table does not exist yet"}
+    p = plan(platform, tables, catalog, target, now=now)
+    out: dict[str, Any] = {"table": ident, "dry_run": dry_run, "files_before": p.before.data_files,
+                           "small_files_before": p.before.small_files, "snapshots_before": p.before.snapshots,
+                           "manifests_before": p.before.manifests, "reasons": p.reasons,
+                           "due": [k for k in ("compact", "expire", "orphans", "manifests") if getattr(p, k)]}
+    if p.protected:
+        out["protected_for_consumers"] = p.protected
+    if not p.policy.enabled:
+        out["skipped"] = "maintenance.enabled is false"
+        return out
+    try:
+        if dry_run:
+            if p.orphans:
+                rows = _call(tables, ident, "remove_orphan_files", older_than=_ts(p.orphan_older_than_ms),
+                             dry_run="true")
+                out["orphan_files_found"] = len(rows)
+        else:
+            _run(tables, ident, p, out)
+    except Exception as exc:
+        out["duration_ms"] = int((time.monotonic() - started) * 1000)
+        platform.store.audit(run_id=run_id, dataset=ident, event=AUDIT_EVENT, outcome="failed",
+                             error_class=type(exc).__name__, message=str(exc).splitlines()[0][:2000] if str(exc) else "",
+                             duration_ms=out["duration_ms"], details=out)
+        raise
+    out["duration_ms"] = int((time.monotonic() - started) * 1000)
+    platform.store.audit(run_id=run_id, dataset=ident, event=AUDIT_EVENT, outcome="dry_run" if dry_run else "success",
+                         message=", ".join(out["due"]) or "nothing due", duration_ms=out["duration_ms"], details=out)
+    return out
+
+
+def _run(tables: IcebergTables, ident: str, p: Plan, out: dict[str, Any]) -> None:
+    pol = p.policy
+    if p.compact:
+        rows = _call(tables, ident, "rewrite_data_files", options=_options({
+            "target-file-size-bytes": str(pol.target_file_size_mb * MB),
+            "min-file-size-bytes": str(int(pol.small_file_mb * MB)),
+            "min-input-files": "2",
+        }))
+        r = rows[0] if rows else {}
+        out["data_files_rewritten"] = int(r.get("rewritten_data_files_count") or 0)
+        out["data_files_added"] = int(r.get("added_data_files_count") or 0)
+        out["bytes_rewritten"] = int(r.get("rewritten_bytes_count") or 0)
+        out["data_files_failed"] = int(r.get("failed_data_files_count") or 0)
+    if p.expire:
+        n_before = len(tables.meta.load_table(ident).metadata.snapshots)
+        rows = _call(tables, ident, "expire_snapshots", older_than=_ts(p.expire_older_than_ms),
+                     retain_last=str(int(pol.min_snapshots_to_keep)))
+        r = rows[0] if rows else {}
+        out["snapshots_expired"] = n_before - len(tables.meta.load_table(ident).metadata.snapshots)
+        out["expired_files_deleted"] = int(r.get("deleted_data_files_count") or 0)
+        out["expired_manifests_deleted"] = int(r.get("deleted_manifest_files_count") or 0) \
+            + int(r.get("deleted_manifest_lists_count") or 0)
+    if p.orphans:
+        rows = _call(tables, ident, "remove_orphan_files", older_than=_ts(p.orphan_older_than_ms))
+        out["orphan_files_removed"] = len(rows)
+        if rows:
+            log.warning("%s: removed %d orphan file(s) older than %g h", ident, len(rows), pol.orphan_min_age_hours)
+    if p.manifests:
+        rows = _call(tables, ident, "rewrite_manifests")
+        r = rows[0] if rows else {}
+        out["manifests_rewritten"] = int(r.get("rewritten_manifests_count") or 0)
+        out["manifests_added"] = int(r.get("added_manifests_count") or 0)
+    tables.spark.catalog.refreshTable(tables.qualified(ident))
+    after = table_state(tables, ident, int(pol.small_file_mb * MB))
+    out.update(files_after=after.data_files, small_files_after=after.small_files, snapshots_after=after.snapshots,
+               manifests_after=after.manifests)
+
+
+def maintain_all(platform: Platform, *, namespace: str | None = None, tables: list[str] | None = None,
+                 dry_run: bool = False, run_id: str | None = None) -> list[dict[str, Any]]:
+    """Every Iceberg target (of `namespace`, or the named tables) in metadata order."""
+    catalog = platform.catalog()
+    if tables:
+        targets = [resolve_target(catalog, t) for t in tables]
+    else:
+        targets = [t for ns, ts in namespaces(catalog).items() if namespace in (None, ns) for t in ts]
+    return [maintain(platform, t, dry_run=dry_run, run_id=run_id, catalog=catalog) for t in targets]
+
+
+def metadata_of(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Totals over tables, flat numbers for Dagster materialization metadata."""
+    keys = ("data_files_rewritten", "data_files_added", "snapshots_expired", "orphan_files_removed",
+            "manifests_rewritten", "files_before", "files_after", "duration_ms")
+    out: dict[str, Any] = {"tables": len(results)}
+    for k in keys:
+        out[k] = sum(int(r.get(k) or 0) for r in results)
+    return out
+
+
+__all__ = ["DEFAULTS", "Plan", "TableState", "maintain", "maintain_all", "metadata_of", "plan", "policy",
+           "schedule"]

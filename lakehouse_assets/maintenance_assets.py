@@ -1,0 +1,95 @@
+"""Dagster shell of `lakehouse.maintenance`: one maintenance asset per namespace (group `maintenance`),
+its job, and (schedules.maintenance) its schedule from metadata.
+
+The asset is a graph: one op per Iceberg target of the namespace, each in that target's pool
+(`target:<id>`, the pool its stage's writes use), so maintenance and writes of a table share its
+throttle; a last op sums the results into the materialization metadata. Each op re-reads the target's
+maintenance metadata at run time, so a changed policy applies without a reload."""
+
+from __future__ import annotations
+
+import re
+
+import dagster as dg
+
+from lakehouse import maintenance
+from lakehouse.metadata.model import MetadataCatalog, Target
+
+GROUP = "maintenance"
+
+
+def asset_key(namespace: str) -> dg.AssetKey:
+    return dg.AssetKey([GROUP, namespace])
+
+
+def job_name(namespace: str) -> str:
+    return f"maintenance__{namespace}_job"
+
+
+def _op_name(target_id: str) -> str:
+    return "maintain__" + re.sub(r"[^A-Za-z0-9_]", "_", target_id)
+
+
+class _Maintain:
+    """The compute of one target's op (a class, not a closure, so the target id is plain data)."""
+
+    def __init__(self, target_id: str):
+        self.target_id = target_id
+
+    def __call__(self, context, _inputs):
+        platform = context.resources.lakehouse.platform()
+        catalog = platform.catalog()
+        res = maintenance.maintain(platform, catalog.target(self.target_id), run_id=context.run_id, catalog=catalog)
+        context.log.info(f"{res['table']}: due {res.get('due', [])}; files {res.get('files_before')} -> "
+                         f"{res.get('files_after', res.get('files_before'))}; {res.get('skipped', '')}")
+        yield dg.Output(res, "result")
+
+
+def _summarize(context, inputs: dict):
+    rows = list(inputs.values())
+    md = maintenance.metadata_of(rows)
+    lines = ["| table | due | files | snapshots expired | orphans removed |", "|---|---|---|---|---|"]
+    lines += [f"| {r['table']} | {', '.join(r.get('due', [])) or r.get('skipped', '-')} | "
+              f"{r.get('files_before', '-')} → {r.get('files_after', r.get('files_before', '-'))} | "
+              f"{r.get('snapshots_expired', 0)} | {r.get('orphan_files_removed', 0)} |" for r in rows]
+    context.add_output_metadata({**md, "results": dg.MetadataValue.md("\n".join(lines))}, output_name="result")
+    yield dg.Output(None, "result")
+
+
+def maintenance_asset(namespace: str, targets: list[Target]) -> dg.AssetsDefinition:
+    ops = [dg.OpDefinition(name=_op_name(t.target_id), outs={"result": dg.Out(dict)}, compute_fn=_Maintain(t.target_id),
+                           pool=f"target:{t.target_id}", required_resource_keys={"lakehouse"},
+                           description=f"Maintain {t.identifier} (in pool target:{t.target_id}).")
+           for t in targets]
+    summary = dg.OpDefinition(name=f"maintenance__{namespace}__summary",
+                              ins={op.name: dg.In(dict) for op in ops}, outs={"result": dg.Out(dg.Nothing)},
+                              compute_fn=_summarize, description="Totals of the namespace's maintenance.")
+    description = (f"Table maintenance of namespace `{namespace}` (compaction, snapshot expiry, orphan files, "
+                   f"manifests) as the targets' maintenance metadata says: "
+                   + ", ".join(f"`{t.identifier}`" for t in targets))
+    graph = dg.GraphDefinition(
+        name=f"maintenance__{namespace}",
+        description=description,
+        node_defs=[*ops, summary],
+        dependencies={summary.name: {op.name: dg.DependencyDefinition(op.name, "result") for op in ops}},
+        output_mappings=[dg.OutputMapping(graph_output_name="result", mapped_node_name=summary.name,
+                                          mapped_node_output_name="result")],
+    )
+    return dg.AssetsDefinition.from_graph(
+        graph, keys_by_output_name={"result": asset_key(namespace)}, group_name=GROUP,
+        descriptions_by_output_name={"result": description},
+        metadata_by_output_name={"result": {"tables": ", ".join(t.identifier for t in targets)}},
+        tags_by_output_name={"result": {"lakehouse/layer": namespace, "dagster/kind/iceberg": ""}},
+    )
+
+
+def maintenance_definitions(catalog: MetadataCatalog) -> dict[str, list]:
+    from schedules.maintenance import build_maintenance_schedules
+
+    assets, jobs = [], []
+    for ns, targets in maintenance.namespaces(catalog).items():
+        assets.append(maintenance_asset(ns, targets))
+        jobs.append(dg.define_asset_job(job_name(ns), selection=dg.AssetSelection.assets(asset_key(ns)),
+                                        description=f"Table maintenance of namespace {ns!r}.",
+                                        tags={"lakehouse/maintenance": ns}))
+    return {"assets": assets, "jobs": jobs, "schedules": build_maintenance_schedules(catalog, jobs)}

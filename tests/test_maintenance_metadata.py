@@ -1,0 +1,69 @@
+"""Maintenance metadata (fast lane, no Spark): a malformed block or platform default is rejected on
+load naming the file, row and field; the effective policy is the target's block over the platform
+settings over the built-in defaults; the schedule is per namespace."""
+
+from __future__ import annotations
+
+import pytest
+
+from lakehouse import maintenance
+from lakehouse.metadata.loader import MetadataError, load_metadata
+
+
+def test_malformed_maintenance_block_names_the_field(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("""
+targets:
+  - target_id: t
+    namespace: ns
+    table: t
+    maintenance: {orphan_min_age_hours: 1, snapshot_max_age_hourz: 3}
+platform_settings:
+  - {setting_key: maintenance.min_snapshots_to_keep, setting_value: "zero"}
+  - {setting_key: maintenance.schedule.bronze, setting_value: "every day"}
+  - {setting_key: maintenance.compaction, setting_value: "on"}
+""")
+    with pytest.raises(MetadataError) as e:
+        load_metadata(f)
+    text = str(e.value)
+    assert "bad.yaml: targets[0].maintenance.orphan_min_age_hours: Input should be greater than or equal to 24" \
+        in text
+    assert "bad.yaml: targets[0].maintenance.snapshot_max_age_hourz: Extra inputs are not permitted" in text
+    assert "bad.yaml: platform_settings[0]" in text and "maintenance.min_snapshots_to_keep: Input should be a valid " \
+        "integer" in text
+    assert "bad.yaml: platform_settings[1]" in text and "'every day' is not a cron expression" in text
+    assert "bad.yaml: platform_settings[2]" in text and "maintenance.compaction: unknown maintenance setting" in text
+
+
+def test_policy_layers_and_schedules(tmp_path):
+    f = tmp_path / "ok.yaml"
+    f.write_text("""
+targets:
+  - {target_id: a, namespace: bronze, table: a, maintenance: {min_snapshots_to_keep: 3, rewrite_manifests: false}}
+  - {target_id: b, namespace: silver, table: b}
+platform_settings:
+  - {setting_key: maintenance.min_snapshots_to_keep, setting_value: "20"}
+  - {setting_key: maintenance.target_file_size_mb, setting_value: "256"}
+  - {setting_key: maintenance.schedule, setting_value: "0 4 * * *"}
+  - {setting_key: maintenance.schedule.bronze, setting_value: "*/30 * * * *"}
+""")
+    cat = load_metadata(f).catalog
+    a, b = maintenance.policy(cat, cat.target("a")), maintenance.policy(cat, cat.target("b"))
+    assert (a.min_snapshots_to_keep, a.rewrite_manifests, a.target_file_size_mb) == (3, False, 256)
+    assert (b.min_snapshots_to_keep, b.rewrite_manifests, b.target_file_size_mb) == (20, True, 256)
+    assert b.orphan_min_age_hours == maintenance.DEFAULTS.orphan_min_age_hours
+    assert maintenance.schedule(cat, "bronze") == "*/30 * * * *"
+    assert maintenance.schedule(cat, "silver") == "0 4 * * *"
+    assert list(maintenance.namespaces(cat)) == ["bronze", "silver"]
+    with pytest.raises(KeyError, match="unknown table 'gold.x'.*known: \\['bronze.a', 'silver.b'\\]"):
+        maintenance.resolve_target(cat, "gold.x")
+
+
+def test_documented_defaults_are_the_defaults():
+    """The model's field descriptions (docs/metadata-reference.md) state the built-in defaults."""
+    from lakehouse.metadata.model import Maintenance
+
+    for name, info in Maintenance.model_fields.items():
+        value = getattr(maintenance.DEFAULTS, name)
+        shown = str(value).lower() if isinstance(value, bool) else f"{value:g}"
+        assert f"(default {shown}" in info.description, (name, value, info.description)
