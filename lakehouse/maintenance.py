@@ -248,8 +248,9 @@ def maintain(platform: Platform, target: Target, *, dry_run: bool = False, run_i
                            "due": [k for k in ("compact", "expire", "orphans", "manifests") if getattr(p, k)]}
     if p.protected:
         out["protected_for_consumers"] = p.protected
-    if not p.policy.enabled:
-        out["skipped"] = "maintenance.enabled is false"
+    off = _switched_off(platform, target, p.policy)
+    if off:
+        out["skipped"] = off
         return out
     try:
         if dry_run:
@@ -269,6 +270,17 @@ def maintain(platform: Platform, target: Target, *, dry_run: bool = False, run_i
     platform.store.audit(run_id=run_id, dataset=ident, event=AUDIT_EVENT, outcome="dry_run" if dry_run else "success",
                          message=", ".join(out["due"]) or "nothing due", duration_ms=out["duration_ms"], details=out)
     return out
+
+
+def _switched_off(platform: Platform, target: Target, pol: Maintenance) -> str | None:
+    """Maintenance commits to the table: the kill switches that stop its writers stop it too."""
+    if not pol.enabled:
+        return "maintenance.enabled is false"
+    if platform.store.flag("platform", "*") is False:
+        return "the whole platform is disabled (control_flags platform/*)"
+    if platform.store.flag("target", target.target_id) is False:
+        return f"target {target.target_id!r} is disabled by control_flags"
+    return None
 
 
 def _run(tables: IcebergTables, ident: str, p: Plan, out: dict[str, Any]) -> None:

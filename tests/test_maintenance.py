@@ -105,6 +105,16 @@ def test_maintain_compacts_expires_and_keeps_what_is_needed(platform, spark, tmp
     assert _rows(platform, ident, "audit_failed1") == audit_rows  # the kept branch's data is still readable
     assert not old_orphan.exists() and young_orphan.exists()
 
+    # a max-ref-age that would drop the kept branch: expiry is skipped for the table, with the reason
+    spark.sql(f"ALTER TABLE {q} SET TBLPROPERTIES ('history.expire.max-ref-age-ms' = '1')")
+    p = maintenance.plan(platform, tables, platform.catalog(), platform.catalog().target("events"))
+    assert not p.expire and "branch audit_failed1 is older than its max-ref-age" in p.reasons["expire"]
+    spark.sql(f"ALTER TABLE {q} UNSET TBLPROPERTIES ('history.expire.max-ref-age-ms')")
+    # the target's kill switch stops maintenance as it stops the target's writers
+    assert cli(["target", "disable", "events"]) == 0
+    assert maintenance.maintain(platform, platform.catalog().target("events"))["skipped"] == \
+        "target 'events' is disabled by control_flags"
+
     [entry] = [e for e in platform.store.audit_entries(limit=50) if e.event == maintenance.AUDIT_EVENT
                and e.outcome == "success"]
     d = entry.details
