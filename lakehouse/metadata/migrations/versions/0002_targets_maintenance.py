@@ -1,4 +1,4 @@
-"""targets.maintenance: table maintenance block per target
+"""targets.maintenance: the table maintenance block of a target (lakehouse.maintenance), JSON text
 
 Revision ID: 73f2c8cc6b1d
 Revises: 0001
@@ -17,9 +17,12 @@ depends_on = None
 
 
 def upgrade() -> None:
+    # only if missing: a control DB made before migrations existed by `create_all` over a model that
+    # already had the field has the column (the baseline likewise creates only what a DB lacks)
+    if "maintenance" in {c["name"] for c in sa.inspect(op.get_bind()).get_columns("targets")}:
+        return
     with op.batch_alter_table('targets', schema=None) as batch_op:
         batch_op.add_column(sa.Column('maintenance', sa.Text(), nullable=True))
-
 
 
 def downgrade() -> None:
