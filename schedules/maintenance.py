@@ -10,13 +10,10 @@ from lakehouse import maintenance
 from lakehouse.metadata.model import MetadataCatalog
 
 
-def build_maintenance_schedules(catalog: MetadataCatalog, jobs: list) -> list[dg.ScheduleDefinition]:
-    by_name = {j.name: j for j in jobs}
+def build_maintenance_schedules(catalog: MetadataCatalog, jobs: dict) -> list[dg.ScheduleDefinition]:
+    """`jobs`: {namespace: its maintenance job} (lakehouse_assets.maintenance_assets)."""
     out = []
-    for ns in maintenance.namespaces(catalog):
-        job = by_name.get(f"maintenance__{ns}_job")
-        if job is None:
-            continue
+    for ns, job in jobs.items():
         cron = maintenance.schedule(catalog, ns)
         out.append(dg.ScheduleDefinition(
             name=f"maintenance__{ns}__schedule", cron_schedule=cron, job=job, execution_timezone="UTC",

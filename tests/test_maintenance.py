@@ -140,7 +140,7 @@ def test_maintenance_asset_materializes_with_results(platform, spark, tmp_path, 
     assert {n.name: n.definition.pool for n in asset.node_def.nodes if n.definition.pool} == {
         "maintain__events": "target:events", "maintain__events_daily": "target:events_daily"}
     [sched] = defs["schedules"]
-    assert sched.cron_schedule == "30 2 * * *" and sched.job_name == f"maintenance__{unique_ns}_job"
+    assert sched.cron_schedule == "30 2 * * *" and sched.job_name == f"{unique_ns}__maintenance"
 
     result = dg.materialize([asset], resources={"lakehouse": LakehouseResource()})
     assert result.success
