@@ -58,10 +58,14 @@ def _summarize(context, inputs: dict):
 
 
 def maintenance_asset(namespace: str, targets: list[Target]) -> dg.AssetsDefinition:
-    ops = [dg.OpDefinition(name=_op_name(t.target_id), outs={"result": dg.Out(dict)}, compute_fn=_Maintain(t.target_id),
+    names: list[str] = []
+    for t in targets:  # target ids may hold '.', ':' and '-': two may sanitize to one op name
+        name = _op_name(t.target_id)
+        names.append(name if name not in names else f"{name}_{len(names)}")
+    ops = [dg.OpDefinition(name=name, outs={"result": dg.Out(dict)}, compute_fn=_Maintain(t.target_id),
                            pool=f"target:{t.target_id}", required_resource_keys={"lakehouse"},
                            description=f"Maintain {t.identifier} (in pool target:{t.target_id}).")
-           for t in targets]
+           for name, t in zip(names, targets, strict=True)]
     summary = dg.OpDefinition(name=f"maintenance__{namespace}__summary",
                               ins={op.name: dg.In(dict) for op in ops}, outs={"result": dg.Out(dg.Nothing)},
                               compute_fn=_summarize, description="Totals of the namespace's maintenance.")

@@ -67,3 +67,20 @@ def test_documented_defaults_are_the_defaults():
         value = getattr(maintenance.DEFAULTS, name)
         shown = str(value).lower() if isinstance(value, bool) else f"{value:g}"
         assert f"(default {shown}" in info.description, (name, value, info.description)
+
+
+def test_maintenance_assets_per_namespace_with_one_op_per_target_in_its_pool():
+    """Target ids that sanitize to one op name still give a loadable graph (a duplicate op name would
+    take the whole code location down)."""
+    from lakehouse.metadata.model import MetadataCatalog, Target
+    from lakehouse_assets.maintenance_assets import maintenance_definitions
+
+    cat = MetadataCatalog(targets=[Target(target_id="a.b", namespace="bronze", table="x"),
+                                   Target(target_id="a_b", namespace="bronze", table="y"),
+                                   Target(target_id="s", namespace="silver", table="z")])
+    d = maintenance_definitions(cat)
+    pools = [{n.name: n.definition.pool for n in a.node_def.nodes if n.definition.pool} for a in d["assets"]]
+    assert pools == [{"maintain__a_b": "target:a.b", "maintain__a_b_1": "target:a_b"}, {"maintain__s": "target:s"}]
+    assert [(s.name, s.cron_schedule) for s in d["schedules"]] == [
+        ("maintenance__bronze__schedule", maintenance.DEFAULT_SCHEDULE),
+        ("maintenance__silver__schedule", maintenance.DEFAULT_SCHEDULE)]
