@@ -75,23 +75,40 @@ def schedule(catalog: MetadataCatalog, namespace: str) -> str:
             or DEFAULT_SCHEDULE)
 
 
+def maintained_tables(catalog: MetadataCatalog) -> list[Target]:
+    """The Iceberg targets, then `entity_raw.<app>` of every registered application that no target
+    declares (the platform creates those tables; they take the platform defaults, target id
+    `entity_raw:<app>`)."""
+    from lakehouse import entity_raw
+    from lakehouse.metadata.model import Target
+
+    out = [t for t in catalog.targets if t.kind == "iceberg"]
+    declared = {t.identifier.lower() for t in out}
+    for app in entity_raw.registered(catalog):
+        ident = entity_raw.table_identifier(app.application_id)
+        if ident not in declared:
+            ns, tbl = ident.split(".", 1)
+            out.append(Target(target_id=f"{ns}:{tbl}", namespace=ns, table=tbl,
+                              description=f"raw records of application {app.application_id}"))
+    return out
+
+
 def namespaces(catalog: MetadataCatalog) -> dict[str, list[Target]]:
-    """{namespace: its Iceberg targets}, in metadata order."""
+    """{namespace: its maintained tables}, in metadata order."""
     out: dict[str, list[Target]] = {}
-    for t in catalog.targets:
-        if t.kind == "iceberg":
-            out.setdefault(t.namespace, []).append(t)
+    for t in maintained_tables(catalog):
+        out.setdefault(t.namespace, []).append(t)
     return out
 
 
 def resolve_target(catalog: MetadataCatalog, name: str) -> Target:
-    """A target by id or by `namespace.table`; KeyError naming the known tables otherwise."""
-    t = catalog.target_by_identifier(name)
+    """A maintained table by target id or by `namespace.table`; KeyError naming the known ones otherwise."""
+    tables = maintained_tables(catalog)
+    t = next((x for x in tables if name in (x.target_id, x.identifier) or x.identifier == name.lower()), None)
     if t is None:
-        t = next((x for x in catalog.targets if x.target_id == name and x.kind == "iceberg"), None)
-    if t is None:
-        known = sorted(x.identifier for x in catalog.targets if x.kind == "iceberg")
-        raise KeyError(f"unknown table {name!r}: not an Iceberg target in the metadata; known: {known}")
+        known = sorted(x.identifier for x in tables)
+        raise KeyError(f"unknown table {name!r}: not an Iceberg target or entity_raw table in the metadata; "
+                       f"known: {known}")
     return t
 
 
@@ -127,8 +144,8 @@ def consumer_floor(tables: IcebergTables, catalog: MetadataCatalog, ident: str) 
     key = CONSUMED_PREFIX + ident
     have = {s.snapshot_id for s in tables.meta.load_table(ident).metadata.snapshots}
     out = {}
-    for t in catalog.targets:
-        if t.kind != "iceberg" or t.identifier == ident or not tables.exists(t.identifier):
+    for t in maintained_tables(catalog):
+        if t.identifier == ident or not tables.exists(t.identifier):
             continue
         sid = tables.snapshot_id(t.identifier)
         raw = tables.snapshot_summary(t.identifier, sid).get(key) if sid is not None else None

@@ -40,7 +40,8 @@ class _Maintain:
     def __call__(self, context, _inputs):
         platform = context.resources.lakehouse.platform()
         catalog = platform.catalog()
-        res = maintenance.maintain(platform, catalog.target(self.target_id), run_id=context.run_id, catalog=catalog)
+        target = maintenance.resolve_target(catalog, self.target_id)
+        res = maintenance.maintain(platform, target, run_id=context.run_id, catalog=catalog)
         context.log.info(f"{res['table']}: due {res.get('due', [])}; files {res.get('files_before')} -> "
                          f"{res.get('files_after', res.get('files_before'))}; {res.get('skipped', '')}")
         yield dg.Output(res, "result")

@@ -59,6 +59,23 @@ platform_settings:
         maintenance.resolve_target(cat, "gold.x")
 
 
+def test_entity_raw_tables_are_maintained_with_the_platform_defaults(tmp_path):
+    f = tmp_path / "apps.yaml"
+    f.write_text("""
+targets:
+  - {target_id: a, namespace: bronze, table: a}
+applications:
+  - {application_id: Tableau}
+  - {application_id: off_app, enabled: false}
+""")
+    cat = load_metadata(f).catalog
+    assert {ns: [t.identifier for t in ts] for ns, ts in maintenance.namespaces(cat).items()} == {
+        "bronze": ["bronze.a"], "entity_raw": ["entity_raw.tableau"]}
+    raw = maintenance.resolve_target(cat, "entity_raw.tableau")
+    assert raw.target_id == "entity_raw:tableau" and maintenance.resolve_target(cat, "entity_raw:tableau") == raw
+    assert maintenance.policy(cat, raw) == maintenance.DEFAULTS
+
+
 def test_documented_defaults_are_the_defaults():
     """The model's field descriptions (docs/metadata-reference.md) state the built-in defaults."""
     from lakehouse.metadata.model import Maintenance
