@@ -58,31 +58,47 @@ def _summarize(context, inputs: dict):
     yield dg.Output(None, "result")
 
 
-def maintenance_asset(namespace: str, targets: list[Target]) -> dg.AssetsDefinition:
+def table_asset_key(catalog: MetadataCatalog, target: Target) -> dg.AssetKey | None:
+    """The asset that writes `target` (a stage's `layer/table`, or `entity_raw/<app>`), if any."""
+    stage = catalog.stage_for_target(target.target_id)
+    if stage is not None:
+        return dg.AssetKey([stage.layer, target.table])
+    return dg.AssetKey([target.namespace, target.table]) if target.target_id.startswith("entity_raw:") else None
+
+
+def maintenance_asset(namespace: str, targets: list[Target], upstream: list[dg.AssetKey | None]) -> dg.AssetsDefinition:
+    """`upstream[i]`: the asset writing targets[i]; the op maintaining it runs after it (a "Materialize
+    all" compacts what it has just written, never a table half-way through its run)."""
     names: list[str] = []
     for t in targets:  # target ids may hold '.', ':' and '-': two may sanitize to one op name
         name = _op_name(t.target_id)
         names.append(name if name not in names else f"{name}_{len(names)}")
-    ops = [dg.OpDefinition(name=name, outs={"result": dg.Out(dict)}, compute_fn=_Maintain(t.target_id),
+    ops = [dg.OpDefinition(name=name, ins={"after": dg.In(dg.Nothing)} if up is not None else {},
+                           outs={"result": dg.Out(dict)}, compute_fn=_Maintain(t.target_id),
                            pool=f"target:{t.target_id}", required_resource_keys={"lakehouse"},
                            description=f"Maintain {t.identifier} (in pool target:{t.target_id}).")
-           for name, t in zip(names, targets, strict=True)]
+           for name, t, up in zip(names, targets, upstream, strict=True)]
     summary = dg.OpDefinition(name=f"maintenance__{namespace}__summary",
                               ins={op.name: dg.In(dict) for op in ops}, outs={"result": dg.Out(dg.Nothing)},
                               compute_fn=_summarize, description="Totals of the namespace's maintenance.")
     description = (f"Table maintenance of namespace `{namespace}` (compaction, snapshot expiry, orphan files, "
                    f"manifests) as the targets' maintenance metadata says: "
                    + ", ".join(f"`{t.identifier}`" for t in targets))
+    inputs = {f"up_{i}": (op.name, key) for i, (op, key) in enumerate(zip(ops, upstream, strict=True))
+              if key is not None}
     graph = dg.GraphDefinition(
         name=f"maintenance__{namespace}",
         description=description,
         node_defs=[*ops, summary],
         dependencies={summary.name: {op.name: dg.DependencyDefinition(op.name, "result") for op in ops}},
+        input_mappings=[dg.InputMapping(graph_input_name=n, mapped_node_name=op_name, mapped_node_input_name="after")
+                        for n, (op_name, _) in inputs.items()],
         output_mappings=[dg.OutputMapping(graph_output_name="result", mapped_node_name=summary.name,
                                           mapped_node_output_name="result")],
     )
     return dg.AssetsDefinition.from_graph(
-        graph, keys_by_output_name={"result": asset_key(namespace)}, group_name=GROUP,
+        graph, keys_by_input_name={n: key for n, (_, key) in inputs.items()},
+        keys_by_output_name={"result": asset_key(namespace)}, group_name=GROUP,
         descriptions_by_output_name={"result": description},
         metadata_by_output_name={"result": {"tables": ", ".join(t.identifier for t in targets)}},
         tags_by_output_name={"result": {"lakehouse/layer": namespace, "dagster/kind/iceberg": ""}},
@@ -94,7 +110,7 @@ def maintenance_definitions(catalog: MetadataCatalog) -> dict[str, list]:
 
     assets, jobs = [], {}
     for ns, targets in maintenance.namespaces(catalog).items():
-        assets.append(maintenance_asset(ns, targets))
+        assets.append(maintenance_asset(ns, targets, [table_asset_key(catalog, t) for t in targets]))
         jobs[ns] = dg.define_asset_job(job_name(ns), selection=dg.AssetSelection.assets(asset_key(ns)),
                                        description=f"Table maintenance of namespace {ns!r}.",
                                        tags={"lakehouse/maintenance": ns})

@@ -101,3 +101,15 @@ def test_maintenance_assets_per_namespace_with_one_op_per_target_in_its_pool():
     assert [(s.name, s.cron_schedule) for s in d["schedules"]] == [
         ("maintenance__bronze__schedule", maintenance.DEFAULT_SCHEDULE),
         ("maintenance__silver__schedule", maintenance.DEFAULT_SCHEDULE)]
+
+
+def test_demo_maintenance_assets_run_after_the_tables_they_maintain():
+    from pathlib import Path
+
+    from lakehouse_assets.maintenance_assets import maintenance_definitions
+
+    cat = load_metadata(Path(__file__).resolve().parent.parent / "metadata" / "demo").catalog
+    deps = {a.key.to_user_string(): sorted(k.to_user_string() for k in a.keys_by_input_name.values())
+            for a in maintenance_definitions(cat)["assets"]}
+    assert deps == {"maintenance/bronze": ["bronze/user_events"], "maintenance/silver": ["silver/user_events"],
+                    "maintenance/gold": ["gold/daily_user_events"], "maintenance/entity_raw": ["entity_raw/demo_app"]}
