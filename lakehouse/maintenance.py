@@ -268,6 +268,8 @@ def maintain(platform: Platform, target: Target, *, dry_run: bool = False, run_i
     off = _switched_off(platform, target, p.policy)
     if off:
         out["skipped"] = off
+        platform.store.audit(run_id=run_id, dataset=ident, event=AUDIT_EVENT, outcome="skipped", message=off,
+                             details=out)
         return out
     try:
         if dry_run:
