@@ -103,14 +103,8 @@ def bench_sensor(platform, client, n_keys: int, repeat: int = 3) -> dict:
     def count(**_kw):
         calls["n"] += 1
 
-    import lakehouse.ingest.s3 as s3mod
-
-    orig_client_for = s3mod.client_for
-
-    def client_for(source, settings=None):  # the same client, so list requests can be counted
-        return client
-
-    s3mod.client_for = client_for
+    # `client` is the platform's own (S3Clients caches one per endpoint): poll_s3 lists with it,
+    # so its list requests can be counted
     client.meta.events.register("before-call.s3.ListObjectsV2", count)
     try:
         t0 = time.perf_counter()
@@ -128,7 +122,7 @@ def bench_sensor(platform, client, n_keys: int, repeat: int = 3) -> dict:
         get_calls = calls["n"] // repeat
         assert sorted(o["Key"] for o in objs) == new
     finally:
-        s3mod.client_for = orig_client_for
+        client.meta.events.unregister("before-call.s3.ListObjectsV2", count)
     return {"keys": n_keys, "first_tick_full_listing_s": t_full, "tick_s": t_tick, "get_objects_s": t_get,
             "tick_requests": tick_calls, "get_objects_requests": get_calls}
 
@@ -222,14 +216,13 @@ def main() -> int:
     os.environ.setdefault("LAKEHOUSE_SPARK_MASTER", "local[2]")
     os.environ.setdefault("LAKEHOUSE_SHUFFLE_PARTITIONS", "2")
     try:
-        from lakehouse.ingest.s3 import s3_client
         from lakehouse.metadata.store import MetadataStore
         from lakehouse.runner import Platform
         from lakehouse.settings import load_settings
 
         settings = load_settings()
         platform = Platform(settings, MetadataStore(settings.control_db_url))
-        client = s3_client(url, 32)
+        client = platform.s3.client(url)  # dagster-aws's S3Resource client, shared with poll_s3
         if not args.skip_sensor:
             a = bench_sensor(platform, client, args.keys, args.repeat)
             print(f"\n[A] sensor tick, {a['keys']:,} existing keys + 10 new")

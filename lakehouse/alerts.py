@@ -40,7 +40,7 @@ from lakehouse.metadata.schema import alert_deliveries, alert_runs, alerts_table
 from lakehouse.metadata.store import MetadataStore
 
 if TYPE_CHECKING:
-    from lakehouse.runner import AuditFailed, StageRunner
+    from lakehouse.core import AuditFailed, StageContext
 
 log = logging.getLogger(__name__)
 
@@ -345,12 +345,12 @@ def recent(store: MetadataStore, limit: int = 50) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- triggers
 
 
-def _stage_fields(runner: StageRunner) -> dict[str, Any]:
+def _stage_fields(runner: StageContext) -> dict[str, Any]:
     return {"pipeline_id": runner.stage.pipeline_id, "stage": f"{runner.stage.pipeline_id}.{runner.stage.stage_name}",
             "dataset": runner.target.identifier, "run_id": runner.run_id}
 
 
-def audit_failed(runner: StageRunner, exc: AuditFailed) -> NotifyResult:
+def audit_failed(runner: StageContext, exc: AuditFailed) -> NotifyResult:
     """A blocking rule kept a stage's data from main."""
     failures = [c for c in exc.outcomes if c.blocking_failure]
     alert = Alert(
@@ -392,7 +392,7 @@ def _enable_hint(message: str) -> str:
     return f"when ready, re-enable with {m.group(1)}" if m else "re-enable the flag when ready"
 
 
-def kill_switch_stopped(runner: StageRunner, message: str) -> NotifyResult:
+def kill_switch_stopped(runner: StageContext, message: str) -> NotifyResult:
     """A stage stopped (pipeline/stage flag) or skipped (source/target flag) by the kill switch."""
     key = flip_key(runner.platform.store, runner.stage.pipeline_id, (runner.stage.stage_name,),
                    (("source", runner.stage.source_id), ("source", runner.source_override),

@@ -39,7 +39,7 @@ from lakehouse.metadata.schema import kept_branches, orphan_sweeps
 if TYPE_CHECKING:
     from lakehouse.iceberg import IcebergTables
     from lakehouse.metadata.model import MetadataCatalog, Target
-    from lakehouse.runner import Platform
+    from lakehouse.platform import Platform
 
 log = logging.getLogger(__name__)
 

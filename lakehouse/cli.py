@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lakehouse.metadata.loader import MetadataError, load_metadata
-from lakehouse.runner import Platform
+from lakehouse.platform import Platform
 
 COMMANDS: dict[str, Callable[[argparse.ArgumentParser], None]] = {}
 
@@ -92,7 +92,7 @@ def cmd_metadata(args) -> int:
     from lakehouse.entity_raw import ensure_tables_at_startup
 
     ensure_tables_at_startup(platform)  # entity_raw.<app> for every registered application
-    from lakehouse.throughput.pools import sync_pools
+    from lakehouse.throughput.instance import sync_pools
 
     sync_pools(platform)  # the instance headless runs, the UI and the daemon share; says what it cannot enforce
     from lakehouse.lineage.graph import sync as sync_lineage
@@ -103,52 +103,6 @@ def cmd_metadata(args) -> int:
 
 
 # ---------------------------------------------------------------- runs
-def cmd_run(args) -> int:
-    """Materialize a pipeline headless through the same Definitions the UI loads, on the persistent
-    Dagster instance (so pools hold), and end with the per-stage summary (lakehouse.run_summary)."""
-    platform = Platform.from_env()
-    if _env_flag("LAKEHOUSE_SPARK_WARMUP", True):
-        # the JVM starts on the other core while Dagster is imported and the job is built; with
-        # LAKEHOUSE_SPARK_WARMUP=0 it starts only when a step needs it (a run with nothing to load,
-        # e.g. one of several concurrent runs whose files others claimed, then never starts one)
-        platform.warm_spark()
-    from lakehouse.metadata.derived import read_structure
-    from lakehouse.throughput.instance import headless_instance, run_tags
-    from lakehouse_assets.definitions import build_definitions
-    from lakehouse_assets.run_summary import record, stage_keys, summarize
-
-    # this pipeline's rows (and the throttles), not every pipeline's: a run's cost does not grow with the platform
-    catalog = read_structure(platform.store, [args.pipeline]).catalog
-    if not any(p.pipeline_id == args.pipeline for p in catalog.pipelines):
-        platform.store.load(["pipelines"]).pipeline(args.pipeline)  # unknown id -> KeyError naming the known ones
-    catalog = catalog.model_copy(update={"throttles": platform.store.load(["throttles"]).throttles})
-    headless = headless_instance(platform.settings, catalog, ephemeral=args.ephemeral)
-    for note in headless.notes:
-        print(f"warning: {note}", file=sys.stderr)
-    defs = build_definitions(platform, pipelines=[args.pipeline])  # this pipeline's stages, not every pipeline's
-    job = defs.resolve_job_def(f"{args.pipeline}_job")
-    quiet = {} if args.verbose else {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-    result = job.execute_in_process(instance=headless.instance, raise_on_error=False, run_config=quiet,
-                                    tags={"lakehouse/pipeline": args.pipeline, "lakehouse/launched_by": "cli",
-                                          **run_tags()})
-    summary = summarize(result.all_events, result.run_id, job.name,
-                        stage_keys(catalog, args.pipeline, job.asset_layer.selected_asset_keys))
-    record(headless.instance if headless.persistent else None, platform, summary, args.pipeline)
-    print(summary.table())
-    if not result.success:  # no daemon may be watching this instance: raise the run-failure alert here
-        from lakehouse.alerts import run_finished
-        from lakehouse.dagster_runs import failure_summary
-
-        run = headless.instance.get_run_by_id(result.run_id)
-        message, failed = failure_summary(headless.instance, run.run_id, f"run {result.run_id} failed", catalog)
-        run_finished(platform.store, run_id=result.run_id, status="FAILURE", job_name=run.job_name,
-                     tags=dict(run.tags), message=message, failed=failed)
-    from lakehouse.spark import release_jvm_at_exit
-
-    release_jvm_at_exit()  # a JVM still starting (nothing needed it) would keep a core busy after we exit
-    return summary.exit_code
-
-
 def _env_flag(name: str, default: bool) -> bool:
     import os
 
@@ -259,15 +213,6 @@ def build_parser() -> argparse.ArgumentParser:
     rv.add_argument("-m", "--message", required=True)
     m.set_defaults(func=cmd_metadata)
 
-    r = sub.add_parser("run", help="materialize a pipeline headless (same code as the UI); exit 0 success, "
-                                   "3 success with warnings (a warn check failed, rows quarantined), 1 failure")
-    r.add_argument("pipeline")
-    r.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                   help="print Dagster's event stream (default: only warnings, then the summary)")
-    r.add_argument("--ephemeral", action="store_true",
-                   help="use a throwaway Dagster instance (pools, i.e. max_concurrent throttles, are NOT enforced) "
-                        "instead of $DAGSTER_HOME or $LAKEHOUSE_HOME/dagster_home")
-    r.set_defaults(func=cmd_run)
 
     d = sub.add_parser("demo", help="generate deterministic demo landing data")
     d.add_argument("--rows", type=int, default=200_000)
@@ -323,12 +268,24 @@ def build_parser() -> argparse.ArgumentParser:
 EXTRA_COMMANDS: list[Callable] = []
 
 
+#: Packages above the domain add their commands through this entry-point group (pyproject's
+#: `[project.entry-points."lakehouse.cli"]`): the Dagster layer adds `lakehouse run`, which
+#: executes a job. The domain never imports that layer (import-linter checks it).
+ENTRY_POINT_GROUP = "lakehouse.cli"
+
+
 def _load_extra_commands() -> None:
-    """Import every `lakehouse/cli_*.py`; each registers its subcommands in EXTRA_COMMANDS."""
+    """Import every `lakehouse/cli_*.py` (each registers its subcommands in EXTRA_COMMANDS), then
+    add the commands other installed packages register in the `lakehouse.cli` entry points."""
     import importlib
+    from importlib.metadata import entry_points
 
     for path in sorted(Path(__file__).parent.glob("cli_*.py")):
         importlib.import_module(f"lakehouse.{path.stem}")
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        register = ep.load()
+        if register not in EXTRA_COMMANDS:
+            EXTRA_COMMANDS.append(register)
 
 
 def main(argv: list[str] | None = None) -> int:

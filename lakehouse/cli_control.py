@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from lakehouse.cli import EXTRA_COMMANDS, _print_table
-from lakehouse.runner import Platform
+from lakehouse.platform import Platform
 
 
 def cmd_control(args) -> int:

@@ -13,7 +13,7 @@ import json
 import sys
 
 from lakehouse.cli import EXTRA_COMMANDS, _print_table
-from lakehouse.runner import Platform
+from lakehouse.platform import Platform
 
 
 def cmd_checkpoints(args) -> int:

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from lakehouse.cli import EXTRA_COMMANDS, _print_table
-from lakehouse.runner import Platform
+from lakehouse.platform import Platform
 
 
 def cmd_sql(args) -> int:

@@ -27,7 +27,7 @@ def cmd_serve(args) -> int:
         return 2
     import uvicorn
 
-    from lakehouse.runner import Platform
+    from lakehouse.platform import Platform
     from lakehouse.service.app import create_app
     from lakehouse.service.runs import RunGateway
     from lakehouse.throughput.instance import ensure_home

@@ -6,8 +6,9 @@ import sys
 
 from lakehouse.cli import EXTRA_COMMANDS, _print_table
 from lakehouse.metadata.model import PipelineProfile
-from lakehouse.runner import Platform
-from lakehouse.throughput.pools import current_limits, desired_limits, instance_from_env, sync_instance
+from lakehouse.platform import Platform
+from lakehouse.throughput.instance import instance_from_env
+from lakehouse.throughput.pools import current_limits, desired_limits, sync_instance
 from lakehouse.throughput.profiles import GLOBAL, PROFILES, active_profile, kind_of
 from lakehouse.throughput.queue import retag_queued_runs
 

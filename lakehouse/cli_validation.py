@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lakehouse.cli import EXTRA_COMMANDS, _print_table
-from lakehouse.runner import Platform
+from lakehouse.platform import Platform
 
 
 def cmd_quarantine(args) -> int:
@@ -19,10 +19,11 @@ def cmd_quarantine(args) -> int:
         if df is not None and args.rows:
             df.orderBy("_quarantined_at").show(args.rows, truncate=False)
         return 0
-    from lakehouse.runner import AuditFailed
+    from lakehouse.core import AuditFailed
+    from lakehouse.quarantine_replay import replay
 
     try:
-        res = q.replay(platform, args.dataset)
+        res = replay(platform, args.dataset)
     except AuditFailed as exc:
         print(f"replay not published: {exc}")
         return 1

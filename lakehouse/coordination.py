@@ -39,7 +39,8 @@ import sqlalchemy as sa
 from lakehouse.metadata.schema import run_leases, work_claims
 
 if TYPE_CHECKING:
-    from lakehouse.runner import Platform
+    from lakehouse.core import StageContext
+    from lakehouse.platform import Platform
 
 log = logging.getLogger(__name__)
 
@@ -281,6 +282,25 @@ def claim_files(platform: Platform, table: str, run_id: str, files: list) -> tup
     res = claim(platform, table, run_id, [(f.key, f.etag) for f in files])
     mine = set(res.mine)
     return [f for f in files if (f.key, f.etag) in mine], res
+
+
+def claim_new_files(ctx: StageContext, new: list) -> tuple[list, str]:
+    """(the new files this step claimed, what live runs are loading instead) for a file source."""
+    if not new or not claims_enabled(ctx.catalog):
+        return new, ""
+    mine, res = claim_files(ctx.platform, ctx.target.identifier, ctx.run_id, new)
+    if res.taken:
+        ctx.audit("files_claimed_elsewhere", outcome="skipped", message=res.message(),
+                  details={"by_run": {k: len(v) for k, v in res.taken.items()}})
+    return mine, res.message()
+
+
+def keep_claims(ctx: StageContext, picked: list, mine: list) -> list:
+    """Give back the claims on files this step will not load after all (per-run caps)."""
+    rest = [(f.key, f.etag) for f in mine if f not in set(picked)]
+    if rest:
+        release_claims(ctx.platform, ctx.target.identifier, ctx.run_id, rest)
+    return picked
 
 
 def release_claims(platform: Platform, table: str, run_id: str, items: Iterable[tuple[str, str]] | None = None) -> None:

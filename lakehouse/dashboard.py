@@ -20,7 +20,7 @@ from lakehouse.validation.history import check_history, pass_rates
 from lakehouse.validation.quarantine import quarantine_identifier
 
 if TYPE_CHECKING:
-    from lakehouse.runner import Platform
+    from lakehouse.platform import Platform
 
 log = logging.getLogger(__name__)
 AUDIT_BRANCH_PREFIX = "audit_"

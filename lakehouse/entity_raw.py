@@ -20,7 +20,6 @@ append happen on the audit branch and reach main together in one fast-forward.
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import re
 import shutil
@@ -34,16 +33,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from lakehouse.control import faults
 from lakehouse.iceberg import branch_name_for_run, quote, sql_string
+from lakehouse.ingest.arrivals import requested_files
 from lakehouse.ingest.checkpoints import Checkpoints
 from lakehouse.ingest.files import CHECKPOINT_PROPERTY, EMPTY, PROCESSED, QUARANTINED, FileRef
 from lakehouse.ingest.probe import probe_file
+from lakehouse.ingest.s3 import ARRIVAL_TAG
 from lakehouse.metadata.model import FileLimits
+from lakehouse.sources import adapter_for
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from lakehouse.metadata.model import Application, MetadataCatalog, Source
-    from lakehouse.runner import Platform
+    from lakehouse.platform import Platform
 
 log = logging.getLogger(__name__)
 
@@ -300,53 +302,11 @@ def _app_source(catalog: MetadataCatalog, app: Application) -> Source | None:
     return next((s for s in catalog.sources if s.source_id == app.source_id), None) if app.source_id else None
 
 
-def _literal_prefix(pattern: str) -> str:
-    m = re.search(r"[*?\[]", pattern)
-    return pattern if m is None else pattern[: m.start()]
-
-
 def resolve_files(platform: Platform, src: Source | None, request: LoadRequest) -> tuple[list[FileRef], str]:
-    """(files named by keys or matched by patterns, location prefix for checkpoints)."""
-    if src is not None and src.kind == "files":
-        from lakehouse.ingest.files import landing_root, local_etag
-        from lakehouse.ingest.paths import confine, walk_files
-
-        root = landing_root(src, platform.settings.landing_dir)
-        found: dict[str, FileRef] = {}
-        for k in request.file_keys:
-            p = confine(root, k, f"load request for {request.application!r}: file key")  # no '..', no symlink out
-            if not p.is_file():
-                raise FileNotFoundError(f"load request for {request.application!r}: file key {k!r} not found under {root}")
-            found[k] = FileRef(k, p.stat().st_size, local_etag(p), str(p))
-        for pat in request.patterns:
-            for rel, p, refused in walk_files(root):
-                if refused is None and fnmatch.fnmatchcase(rel, pat):
-                    found[rel] = FileRef(rel, p.stat().st_size, local_etag(p), str(p))
-        return sorted(found.values(), key=lambda f: f.key), f"file://{root}/"
-    from lakehouse.ingest.s3 import s3_client
-
-    bucket = request.bucket or (src.bucket if src is not None else None)
-    if not bucket:
-        raise ValueError(f"load request for {request.application!r} names no bucket and the application has no S3 source")
-    from lakehouse.ingest.s3 import endpoint_url
-
-    client = s3_client(endpoint_url(src, platform.settings) if src is not None else platform.settings.s3_endpoint_url)
-    found = {}
-    from botocore.exceptions import ClientError
-
-    for k in request.file_keys:
-        try:
-            h = client.head_object(Bucket=bucket, Key=k)
-        except ClientError as exc:
-            raise FileNotFoundError(f"load request for {request.application!r}: s3://{bucket}/{k} not found "
-                                    f"({exc.response.get('Error', {}).get('Code')})") from exc
-        found[k] = FileRef(k, int(h["ContentLength"]), h["ETag"].strip('"'))
-    for pat in request.patterns:
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=_literal_prefix(pat)):
-            for obj in page.get("Contents", []):
-                if fnmatch.fnmatchcase(obj["Key"], pat) and not obj["Key"].endswith("/"):
-                    found[obj["Key"]] = FileRef(obj["Key"], int(obj["Size"]), obj["ETag"].strip('"'))
-    return sorted(found.values(), key=lambda f: f.key), f"s3://{bucket}/"
+    """(files named by keys or matched by patterns, location prefix for checkpoints), found by the
+    entity_raw source adapter in the application's landing directory or bucket."""
+    return adapter_for("entity_raw").find_files(platform, src, request.file_keys, request.patterns,
+                                                f"load request for {request.application!r}", request.bucket)
 
 
 # --------------------------------------------------------------------------- load
@@ -396,19 +356,7 @@ def load(platform: Platform, request: LoadRequest | dict, run_id: str | None = N
                              f"{f.key!r}; give them in the request or match the key layout {pattern!r}")
         contexts[f.key] = ctx
 
-    staging = None
-    if location.startswith("s3://"):
-        from lakehouse.ingest.s3 import download, s3_client
-        from lakehouse.ingest.s3 import endpoint_url as _ep
-
-        staging = platform.settings.staging_dir / "entity_raw" / re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)
-        client = s3_client(_ep(src, platform.settings) if src is not None else platform.settings.s3_endpoint_url,
-                           src.download_threads if src is not None else 8)
-        srcish = src.model_copy(update={"bucket": location[5:-1]}) if src is not None else _BucketOnly(location[5:-1])
-        staged, skipped = download(client, srcish, new, staging, src.download_threads if src is not None else 8)
-        for f, why in skipped:
-            log.warning("entity_raw %s: skipping %s: %s", ident, f.key, why)
-        new = staged
+    new, staging = adapter_for("entity_raw").stage_files(platform, src, new, location, run_id, f"entity_raw {ident}")
     checked: list[FileRef] = []
     footer: dict[str, str] = {}  # key -> its footer schema: files of different schemas are read apart
     for f in new:
@@ -475,13 +423,6 @@ def load(platform: Platform, request: LoadRequest | dict, run_id: str | None = N
                          duration_ms=int(result.duration_s * 1000),
                          details={k: v for k, v in result.metadata().items() if k != "quarantined_file_errors"})
     return result
-
-
-class _BucketOnly:
-    """Enough of a Source for `download` when a request names a bucket of its own."""
-
-    def __init__(self, bucket: str):
-        self.bucket = bucket
 
 
 def _ck_rows(files: list[FileRef], ck: dict[str, str], run_id: str):
@@ -561,8 +502,6 @@ def _commit(platform: Platform, ident: str, df: DataFrame, request: LoadRequest,
 def load_new_files(platform: Platform, application_id: str, run_id: str, run_tags: dict | None = None) -> LoadResult:
     """What the entity_raw asset does: load the sensor's batch (run tag) or every new file of the
     application's source, with tenant / connection / mode from the source's options."""
-    from lakehouse.ingest.s3 import ARRIVAL_TAG, client_for, list_files, requested_files
-
     catalog = platform.catalog()
     app = require_application(catalog, application_id)
     src = _app_source(catalog, app)
@@ -574,13 +513,8 @@ def load_new_files(platform: Platform, application_id: str, run_id: str, run_tag
     batch = (run_tags or {}).get(ARRIVAL_TAG)
     if batch:
         keys = [f.key for f in requested_files(platform, batch)]
-    elif src.kind == "s3":
-        files, _, _ = list_files(client_for(src, platform.settings), src)
-        keys = [f.key for f in files]
     else:
-        from lakehouse.ingest.files import list_local_files
-
-        keys = [f.key for f in list_local_files(src, platform.settings.landing_dir)]
+        keys = [f.key for f in adapter_for("entity_raw").list_files(platform, src)]
     ident = table_identifier(app.application_id)
     if not keys:
         return LoadResult(ident, run_id)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from lakehouse.ingest.files import FileRef
-    from lakehouse.runner import Platform
+    from lakehouse.platform import Platform
 
 log = logging.getLogger(__name__)
 

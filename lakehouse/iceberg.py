@@ -401,20 +401,6 @@ class IcebergTables:
             holder["result"] = action()
         return holder.get("result")
 
-    # ------------------------------------------------------------------ publish
-    def publish(self, identifier: str, branch: str) -> int | None:
-        """Make `branch` visible on main (and drop it) without losing concurrent commits to main:
-        one compare-and-swap commit, fast-forward or a metadata-only rebase of appends (see
-        lakehouse.publish, which also holds the exactly-once checks the stage runner uses)."""
-        from lakehouse.publish import publish_branch
-
-        with _publish_lock(self.catalog, identifier):
-            res = publish_branch(self, identifier, branch, check=False)
-        if res.stale:
-            raise ValueError(f"{identifier}: main moved since branch {branch!r} was created and the branch "
-                             "rewrote data (merge/overwrite): write it again on a branch of the current main")
-        return res.snapshot_id
-
     @property
     def catalog_label(self) -> str:
         """host:port/db of the catalog database (never credentials), for outage messages."""

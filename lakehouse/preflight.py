@@ -17,7 +17,7 @@ from lakehouse.errors import ConfigurationError
 from lakehouse.metadata.model import MetadataCatalog, Stage
 
 if TYPE_CHECKING:
-    from lakehouse.runner import Platform
+    from lakehouse.platform import Platform
 
 
 def _locate(section: str, key: tuple) -> str:

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from lakehouse.iceberg import MAIN, _walk_parents
+from lakehouse.iceberg import MAIN, _publish_lock, _walk_parents
 
 if TYPE_CHECKING:
     from lakehouse.iceberg import IcebergTables
@@ -296,6 +296,19 @@ def _already_published(md, main: int | None, token: str | None) -> int | None:
     return None
 
 
+def publish(tables: IcebergTables, identifier: str, branch: str) -> int | None:
+    """Make `branch` visible on main (and drop it) without losing concurrent commits to main:
+    one compare-and-swap commit under the table's publish lock, fast-forward or a metadata-only
+    rebase of appends, without the exactly-once checks (a plain DataFrame written by the IO
+    manager). Raises ValueError when a merge/overwrite branch is stale."""
+    with _publish_lock(tables.catalog, identifier):
+        res = publish_branch(tables, identifier, branch, check=False)
+    if res.stale:
+        raise ValueError(f"{identifier}: main moved since branch {branch!r} was created and the branch "
+                         "rewrote data (merge/overwrite): write it again on a branch of the current main")
+    return res.snapshot_id
+
+
 class Superseded(Exception):
     """Raised inside a stage run when its publish found its input already on main (or main moved
     under a MERGE/overwrite): the runner writes the remainder again on a fresh branch."""
@@ -305,9 +318,10 @@ class Superseded(Exception):
         self.result = result
 
 
-def remainder_plan(plan, result: PublishResult):
-    """The part of `plan` nobody else published (None: nothing is left), after `result`. The
-    remainder counts as planned on the main snapshot the check saw: later commits get checked."""
+def remainder_plan(plan, result: PublishResult, split: Callable[[Any, PublishResult], Any]):
+    """The part of `plan` nobody else published (None: nothing is left), after `result`; `split`
+    is the source adapter's `remainder` (which files, which watermark window). The remainder
+    counts as planned on the main snapshot the check saw: later commits get checked."""
     import dataclasses
 
     plan = dataclasses.replace(plan, main_at_plan=result.snapshot_id)
@@ -316,12 +330,4 @@ def remainder_plan(plan, result: PublishResult):
         return plan
     if overlap.covers_all:
         return None
-    if plan.kind in ("files", "s3"):
-        taken = set().union(*overlap.files.values()) if overlap.files else set()
-        left = [f for f in plan.files if (f.key, f.etag) not in taken]
-        return dataclasses.replace(plan, files=left) if left else None
-    if plan.kind == "jdbc":
-        from lakehouse.ingest.jdbc import remainder
-
-        return remainder(plan, overlap)
-    return plan
+    return split(plan, result)

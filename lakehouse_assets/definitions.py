@@ -43,7 +43,7 @@ REPOSITORY_NAME = "__repository__"  # the name dg.Definitions gives its reposito
 
 
 def _resources() -> dict:
-    return {"lakehouse": LakehouseResource(), "iceberg_io_manager": IcebergIOManager(), "pyspark": spark_resource()}
+    return {"lakehouse": LakehouseResource.from_settings(), "iceberg_io_manager": IcebergIOManager(), "pyspark": spark_resource()}
 
 
 @contextlib.contextmanager

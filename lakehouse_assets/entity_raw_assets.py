@@ -64,8 +64,8 @@ def _sensor(app: Application, source_id: str) -> dg.SensorDefinition:
         default_status=dg.DefaultSensorStatus.STOPPED,
     )
     def _arrivals(context: dg.SensorEvaluationContext):
-        from lakehouse.ingest.arrivals import poll_source
         from lakehouse.ingest.s3 import ARRIVAL_TAG
+        from lakehouse.sources.arrivals import poll_source
 
         platform = Platform.from_env()
         decision = poll_entity_raw(platform, app_id, context.cursor, poll_source)

@@ -14,6 +14,7 @@ import dagster as dg
 
 from lakehouse.iceberg import branch_name_for_run
 from lakehouse.metadata.model import Target
+from lakehouse.publish import publish
 from lakehouse.runner import Platform
 
 
@@ -49,7 +50,7 @@ class IcebergIOManager(dg.ConfigurableIOManager):
         branch = branch_name_for_run(context.run_id)
         tables.create_branch(ident, branch)
         res = tables.write(obj, target, branch=branch)
-        snap = tables.publish(ident, branch)
+        snap = publish(tables, ident, branch)
         tables.drop_branch(ident, branch)
         context.add_output_metadata({"table": ident, "snapshot_id": str(snap), "rows_written": res.rows_written})
 

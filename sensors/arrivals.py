@@ -25,9 +25,10 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
-from lakehouse.ingest.arrivals import ArrivalDecision, poll_arrivals
+from lakehouse.ingest.arrivals import ArrivalDecision
 from lakehouse.ingest.s3 import ARRIVAL_TAG
 from lakehouse.runner import Platform
+from lakehouse.sources.arrivals import poll_arrivals
 from lakehouse.throughput.queue import instance_of, request_tags
 from lakehouse_assets.factory import Graph, job_name, source_asset_key
 

@@ -169,7 +169,7 @@ def test_shrink_batch_halves_until_one(runner):
     sizes = []
     while True:
         n = runner.healing.effective_batch(runner.source.batch_files)
-        runner.healing.current_batch = Batch(df=None, files=files[:n])
+        runner.current_batch = Batch(df=None, files=files[:n])
         res = shrink_batch(ctx_for(runner, MemoryError(), r))
         if not res.applied:
             break

@@ -79,7 +79,7 @@ def test_demo_pipeline_on_postgres_storage_and_catalog(production_env, spark, po
         assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
         assert instance.run_monitoring_settings["free_slots_after_run_end_seconds"] == 60
 
-        from lakehouse.throughput.pools import sync_pools
+        from lakehouse.throughput.instance import sync_pools
 
         sync_pools(platform, instance)
         limits = {p.name: p.limit for p in instance.event_log_storage.get_pool_limits()}

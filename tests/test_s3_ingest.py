@@ -14,11 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from lakehouse.ingest.arrivals import poll_arrivals
 from lakehouse.ingest.checkpoints import Checkpoints
 from lakehouse.ingest.s3 import ARRIVAL_TAG, list_files
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.runner import StageRunner
+from lakehouse.sources.arrivals import poll_arrivals
 
 PIPELINE = """
 pipelines:

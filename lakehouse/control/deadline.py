@@ -29,8 +29,8 @@ import sqlalchemy as sa
 from lakehouse.errors import StepTimeout
 
 if TYPE_CHECKING:
+    from lakehouse.core import StageContext
     from lakehouse.metadata.store import MetadataStore
-    from lakehouse.runner import StageRunner
 
 T = TypeVar("T")
 
@@ -74,7 +74,7 @@ def past_durations(store: MetadataStore, pipeline_id: str, stage_name: str, n: i
         return [ms / 1000.0 for (ms,) in conn.execute(q)]
 
 
-def ceiling(runner: StageRunner) -> float:
+def ceiling(runner: StageContext) -> float:
     env = os.environ.get("LAKEHOUSE_STEP_TIMEOUT_CEILING_SECONDS")
     if env:
         return float(env)
@@ -82,7 +82,7 @@ def ceiling(runner: StageRunner) -> float:
     return float(v) if v else DEFAULT_CEILING_S
 
 
-def step_deadline(runner: StageRunner) -> Deadline:
+def step_deadline(runner: StageContext) -> Deadline:
     if runner.stage.timeout_seconds:
         return Deadline(float(runner.stage.timeout_seconds), "stages.timeout_seconds in the metadata")
     top = ceiling(runner)
@@ -127,7 +127,7 @@ def spark_deadline(spark, deadline: Deadline, what: str) -> Iterator[None]:
             sc.setLocalProperty(k, v)
 
 
-def guard_step(runner: StageRunner, step: str, work: Callable[[], T]) -> T:
+def guard_step(runner: StageContext, step: str, work: Callable[[], T]) -> T:
     """`work` under the step's deadline (computed once per step and kept on the runner)."""
     deadline = runner.__dict__.get("_deadline")
     if deadline is None:

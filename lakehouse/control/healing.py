@@ -9,7 +9,8 @@ LAKEHOUSE_HEALING_MAX_ATTEMPTS, default 10). Every failure, action and outcome g
 
 Each action is a plain function `(ActionContext) -> ActionResult`; the ones that change how the
 step runs (smaller batches, skipped files, another source) record it on `HealingState`, which the
-runner reads.
+runner reads. Actions reach the input only through the step's context: the source adapter
+(`file_readable`, `quarantine_files`) and the reroute the runner binds (`StageContext.reroute`).
 """
 
 from __future__ import annotations
@@ -17,21 +18,19 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+from lakehouse import spark as spark_mod
+from lakehouse.core import HealingState, NoRecoveryPath, StageContext
 from lakehouse.errors import ErrorInfo, classify
 from lakehouse.metadata.model import HealingAction
 
-if TYPE_CHECKING:
-    from lakehouse.runner import StageRunner
+__all__ = ["ACTIONS", "ActionContext", "ActionResult", "HealingState", "run_with_healing"]
 
 T = TypeVar("T")
 
@@ -40,34 +39,8 @@ MAX_BACKOFF_SECONDS = 300.0
 
 
 @dataclass
-class HealingState:
-    """What healing changed for the rest of this step (read by the runner)."""
-
-    batch_scale: float = 1.0
-    quarantined_files: dict[str, str] = field(default_factory=dict)  # file key -> reason
-    current_batch: Any = None  # the batch being written when the error happened (a runner.Batch)
-    attempts: Counter = field(default_factory=Counter)  # healing_id -> attempts
-    total_attempts: int = 0
-    events: list[dict[str, Any]] = field(default_factory=list)
-
-    def effective_batch(self, configured: int) -> int:
-        return max(1, int(configured * self.batch_scale))
-
-    def summary(self) -> dict[str, Any]:
-        """For materialization metadata: short, no secrets (messages are truncated)."""
-        out: dict[str, Any] = {"healing_attempts": self.total_attempts}
-        if self.events:
-            out["healing"] = self.events
-        if self.quarantined_files:
-            out["quarantined_files"] = sorted(self.quarantined_files)
-        if self.batch_scale != 1.0:
-            out["batch_scale"] = self.batch_scale
-        return out
-
-
-@dataclass
 class ActionContext:
-    runner: StageRunner
+    runner: StageContext
     error: ErrorInfo
     exc: BaseException
     rule: HealingAction
@@ -111,7 +84,7 @@ def matching_rules(rules: list[HealingAction], error: ErrorInfo) -> list[Healing
     return sorted((r for r in rules if matches(r, error)), key=lambda r: (r.priority, r.healing_id))
 
 
-def global_cap(runner: StageRunner | None = None) -> int:
+def global_cap(runner: StageContext | None = None) -> int:
     env = os.environ.get("LAKEHOUSE_HEALING_MAX_ATTEMPTS")
     if env:
         return max(0, int(env))
@@ -147,13 +120,10 @@ def refresh_and_recommit(ctx: ActionContext) -> ActionResult:
                         {"main_snapshot": tables.snapshot_id(ident)})
 
 
-def schema_policy(runner: StageRunner) -> str:
-    """The stage's schema policy: its schema_contract rule's `schema_policy`, else the target's
-    table property `lakehouse.schema_policy`, else `evolve`."""
-    for r in runner.rules:
-        if r.type == "schema_contract" and r.enabled:
-            return r.schema_policy
-    return runner.target.table_properties.get("lakehouse.schema_policy", "evolve")
+def schema_policy(runner: StageContext) -> str:
+    """The stage's schema policy (StageContext.schema_policy: the schema_contract rule, else the
+    target's table property, else `evolve`)."""
+    return runner.schema_policy()
 
 
 def evolve_schema(ctx: ActionContext) -> ActionResult:
@@ -162,7 +132,7 @@ def evolve_schema(ctx: ActionContext) -> ActionResult:
     policy = schema_policy(runner)
     if policy != "evolve":
         return ActionResult("not_applicable", f"schema policy of stage {runner.stage.stage_name!r} is {policy!r}")
-    batch = ctx.state.current_batch
+    batch = runner.current_batch
     if batch is None:
         return ActionResult("not_applicable", "no input batch to take the new columns from")
     tables = runner.platform.tables()
@@ -182,34 +152,8 @@ def _corrupt_files(ctx: ActionContext, candidates: list) -> list:
     named = named or [f for f in candidates if re.search(r"(?<![\w.-])" + re.escape(f.key) + r"(?![\w.-])", text)]
     if named:
         return named
-    src = ctx.runner.source
-    bad = []
-    for f in candidates:
-        if not probe_file_readable(ctx.runner, src, f):
-            bad.append(f)
-    return bad
-
-
-def probe_file_readable(runner: StageRunner, source: Any, f: Any) -> bool:
-    """Read one file fully with the source's reader, with its own schema; False if it cannot be read."""
-    from lakehouse.ingest.prepare import read_alone
-
-    path = Path(f.local_path or f.key)
-    if not path.exists():
-        return False
-    if source is not None and source.format == "parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            pq.read_table(path)
-            return True
-        except Exception:  # noqa: BLE001 - any failure to read means unreadable
-            return False
-    try:
-        read_alone(runner.platform.spark(), source, f).count()
-        return True
-    except Exception:  # noqa: BLE001
-        return False
+    adapter = ctx.runner.adapter()
+    return [f for f in candidates if not adapter.file_readable(ctx.runner, f)]
 
 
 def quarantine_input(ctx: ActionContext) -> ActionResult:
@@ -218,34 +162,18 @@ def quarantine_input(ctx: ActionContext) -> ActionResult:
     The file is recorded in the batch's checkpoint as quarantined (so the next run does not pick it
     up again) and in audit_log; the landing zone itself is left untouched.
     """
-    batch = ctx.state.current_batch
+    batch = ctx.runner.current_batch
     files = list(getattr(batch, "files", None) or [])
     if not files:
         return ActionResult("not_applicable", "no input files in the failed batch")
     bad = [f for f in _corrupt_files(ctx, files) if f.key not in ctx.state.quarantined_files]
     if not bad:
         return ActionResult("not_applicable", "no unreadable file found in the failed batch")
-    runner = ctx.runner
-    dest_root = runner.platform.settings.home / "quarantine" / "files" / runner.stage.pipeline_id / runner.stage.stage_name
-    moved = []
-    from lakehouse.ingest.checkpoints import note_unread_files
-    from lakehouse.ingest.files import QUARANTINED
-
-    # the ingestion checkpoints record it, so the next run does not plan it again
-    note_unread_files(runner, [f.with_status(QUARANTINED, f"{ctx.error.code}: {ctx.error.message[:500]}")
-                               for f in bad])
     for f in bad:
         ctx.state.quarantined_files[f.key] = ctx.error.code
-        if f.local_path and Path(f.local_path).exists():
-            from lakehouse.ingest.paths import PathEscape, confine
-
-            try:  # the copy stays under dest_root whatever the key says ('..', absolute)
-                dest = confine(dest_root, f.key, "file key")
-            except PathEscape:
-                dest = dest_root / "_refused_keys" / re.sub(r"[^A-Za-z0-9_.-]", "_", f.key)[-200:]
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(f.local_path, dest)
-            moved.append(str(dest))
+    # the source's adapter records them in the ingestion checkpoints (the next run does not plan
+    # them again) and copies them aside
+    moved = ctx.runner.adapter().quarantine_files(ctx.runner, bad, f"{ctx.error.code}: {ctx.error.message[:500]}")
     return ActionResult("applied", f"quarantined {', '.join(f.key for f in bad)}",
                         {"files": [f.key for f in bad], "copied_to": moved})
 
@@ -254,7 +182,7 @@ def shrink_batch(ctx: ActionContext) -> ActionResult:
     """Memory pressure: halve the number of files per commit (not below one)."""
     src = ctx.runner.source
     configured = getattr(src, "batch_files", None)
-    batch = ctx.state.current_batch
+    batch = ctx.runner.current_batch
     current = len(getattr(batch, "files", None) or []) or (
         ctx.state.effective_batch(configured) if configured else 0)
     if current <= 1:
@@ -268,8 +196,6 @@ def shrink_batch(ctx: ActionContext) -> ActionResult:
 def restart_spark_session(ctx: ActionContext, stop: Callable[[], None] | None = None,
                           start: Callable[[], Any] | None = None) -> ActionResult:
     """Stop the process's SparkSession and build a fresh one (same settings, same catalog)."""
-    from lakehouse import spark as spark_mod
-
     (stop or spark_mod.stop_spark)()
     session = (start or ctx.runner.platform.spark)()
     return ActionResult("applied", "restarted the Spark session",
@@ -279,12 +205,12 @@ def restart_spark_session(ctx: ActionContext, stop: Callable[[], None] | None = 
 def switch_to_recovery_path(ctx: ActionContext) -> ActionResult:
     """Source unavailable: follow the cheapest available route of the lineage graph (which includes
     a source's declared `alternative_source_id` replica; docs/lineage.md)."""
-    from lakehouse.lineage import recovery
-
     runner = ctx.runner
+    if runner.reroute is None:  # bound by the runner: lakehouse.lineage.recovery.reroute
+        return ActionResult("not_applicable", "no lineage reroute is bound to this step")
     try:
-        decision = recovery.reroute(runner, runner.stage.target_id, error=ctx.exc)
-    except recovery.NoRecoveryPath as exc:
+        decision = runner.reroute(ctx.exc)
+    except NoRecoveryPath as exc:
         return ActionResult("not_applicable", str(exc))
     runner.source_override = decision.to_dataset_id
     return ActionResult("applied", f"rerouted to {decision.to_dataset_id} via lineage",
@@ -341,12 +267,12 @@ ACTIONS: dict[str, Callable[[ActionContext], ActionResult]] = {
 # --------------------------------------------------------------------------- the loop
 
 
-def _event(runner: StageRunner, record: dict[str, Any], **audit: Any) -> None:
+def _event(runner: StageContext, record: dict[str, Any], **audit: Any) -> None:
     runner.healing.events.append(record)
     runner.audit(**audit)
 
 
-def run_with_healing(runner: StageRunner, step: str, work: Callable[[], T],
+def run_with_healing(runner: StageContext, step: str, work: Callable[[], T],
                      rules: Callable[[], list[HealingAction]] | None = None) -> T:
     """Run `work`; on a matched error run the rule's actions and run `work` again (bounded)."""
     state = runner.healing

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lakehouse.runner import Platform
+    from lakehouse.platform import Platform
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import DataType
 
+    from lakehouse.core import StageContext, StageOutcome
     from lakehouse.metadata.model import Target
-    from lakehouse.runner import StageOutcome, StageRunner
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ def _drop_quietly(pg, name) -> None:
         log.warning("could not drop staging table after a failed export", exc_info=True)
 
 
-def export_after_publish(runner: StageRunner, outcome: StageOutcome) -> ExportResult:
+def export_after_publish(runner: StageContext, outcome: StageOutcome) -> ExportResult:
     """Export the snapshot just published on main to the stage target's warehouse target."""
     from lakehouse.iceberg import quote
 

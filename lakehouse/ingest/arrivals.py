@@ -1,5 +1,8 @@
 """Arrival polling for sensors: what is new since the cursor, batched into runs.
 
+The per-source dispatch (`poll_arrivals`, `poll_source`) is `lakehouse.sources.arrivals`; this
+module holds the batches and the landing-directory poll the files adapter uses.
+
 Local landing zones use the modification time as the cursor: a tick lists the directory and
 keeps files newer than the cursor (or at the cursor time but not yet seen). S3 prefixes use the
 last key listed as the cursor (`lakehouse.ingest.s3.poll_s3`): see that module for out-of-order keys.
@@ -11,10 +14,16 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+import sqlalchemy as sa
+
+from lakehouse.ingest.checkpoints import engine_for
 from lakehouse.ingest.files import FileRef, landing_root, list_local_files
-from lakehouse.metadata.model import MetadataCatalog
-from lakehouse.runner import Platform
+from lakehouse.metadata.schema import arrival_requests
+
+if TYPE_CHECKING:
+    from lakehouse.platform import Platform
 
 
 @dataclass
@@ -49,26 +58,8 @@ def make_batches(files: list[FileRef], max_files: int, max_bytes: int) -> list[A
     return out
 
 
-def poll_arrivals(platform: Platform, pipeline_id: str, stage_name: str, cursor: str | None,
-                  catalog: MetadataCatalog | None = None) -> ArrivalDecision:
-    """`catalog`: the metadata as loaded once for a tick over many sources (default: load it now)."""
-    from lakehouse.control.flags import stage_enabled
-
-    catalog = catalog or platform.catalog()
-    ok, reason = stage_enabled(platform.store, catalog, pipeline_id, stage_name)  # + source / target flags
-    if not ok:
-        return ArrivalDecision(skip_reason=reason, cursor=cursor)
-    stage = catalog.stage(pipeline_id, stage_name)
-    source = catalog.source(stage.source_id)
-    return poll_source(platform, source, cursor, catalog.target(stage.target_id).identifier)
-
-
-def poll_source(platform: Platform, source, cursor: str | None, identifier: str | None) -> ArrivalDecision:
-    """New files of one source since the cursor: S3 by key cursor, a landing directory by mtime."""
-    if source.kind == "s3":
-        from lakehouse.ingest.s3 import poll_s3
-
-        return poll_s3(platform, source, cursor, identifier)
+def poll_local(platform: Platform, source, cursor: str | None, identifier: str | None) -> ArrivalDecision:
+    """New files of a landing directory since the cursor (modification time, then names seen at it)."""
     state = json.loads(cursor) if cursor else {"mtime_ns": 0, "seen": []}
     root = landing_root(source, platform.settings.landing_dir)
     files = list_local_files(source, platform.settings.landing_dir)
@@ -82,7 +73,30 @@ def poll_source(platform: Platform, source, cursor: str | None, identifier: str 
     new_cursor = json.dumps({"mtime_ns": top, "seen": sorted(f"{f.key}@{f.etag}" for m, f in stamped if m == top)})
     batches = make_batches([f for _, f in sorted(new, key=lambda x: (x[0], x[1].key))], source.max_files_per_run,
                            source.max_bytes_per_run)
-    from lakehouse.ingest.s3 import record_requests  # the run reads exactly its batch
-
     record_requests(platform, source.source_id, identifier, batches, time.time())
     return ArrivalDecision(batches=batches, cursor=new_cursor)
+
+
+def record_requests(platform: Platform, source_id: str, identifier: str | None, batches, now: float) -> None:
+    eng = engine_for(platform)
+    with eng.begin() as conn:
+        for b in batches:
+            conn.execute(sa.delete(arrival_requests).where(arrival_requests.c.batch_key == b.run_key))
+            conn.execute(sa.insert(arrival_requests), [
+                {"batch_key": b.run_key, "file_key": f.key, "etag": f.etag, "size": f.size,
+                 "source_id": source_id, "table_ident": identifier, "requested_at": now} for f in b.files])
+
+
+def recently_requested(platform: Platform, source_id: str, since: float) -> set[tuple[str, str]]:
+    t = arrival_requests
+    with engine_for(platform).connect() as conn:
+        return {(k, e) for k, e in conn.execute(
+            sa.select(t.c.file_key, t.c.etag).where(t.c.source_id == source_id, t.c.requested_at >= since))}
+
+
+def requested_files(platform: Platform, batch_key: str) -> list[FileRef]:
+    t = arrival_requests
+    with engine_for(platform).connect() as conn:
+        rows = conn.execute(sa.select(t.c.file_key, t.c.etag, t.c.size).where(t.c.batch_key == batch_key)
+                            .order_by(t.c.file_key)).all()
+    return [FileRef(k, int(s or 0), e) for k, e, s in rows]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -37,9 +37,10 @@ from lakehouse.metadata.schema import checkpoint_marks, file_checkpoints
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from lakehouse.core import StageContext, StageOutcome
     from lakehouse.ingest.prepare import PreparedFiles
     from lakehouse.metadata.model import Source
-    from lakehouse.runner import ExtractPlan, Platform, StageOutcome, StageRunner
+    from lakehouse.platform import Platform
 
 log = logging.getLogger(__name__)
 RUN_ID_PROPERTY = "lakehouse.run_id"
@@ -239,9 +240,12 @@ def processed_files(platform: Platform, tables: IcebergTables, identifier: str) 
 # --------------------------------------------------------------------------- reading a batch
 
 
-def read_batch(runner: StageRunner, spark: SparkSession, source: Source, chunk: list[FileRef],
-               prepared: PreparedFiles | None = None) -> tuple[DataFrame | None, list[FileRef], list[FileRef]]:
+def read_batch(runner: StageContext, spark: SparkSession, source: Source, chunk: list[FileRef],
+               prepared: PreparedFiles | None = None, object_uri: Callable[[FileRef], str] | None = None,
+               ) -> tuple[DataFrame | None, list[FileRef], list[FileRef]]:
     """(frame over the loadable files, every file of the chunk with its status, []).
+
+    `object_uri`: what `_source_file` names for a staged copy (the S3 object), from the adapter.
 
     Every file was probed and reconciled on its own before (`lakehouse.ingest.prepare`; done here
     for the chunk alone when the caller did not): an empty file is recorded as `empty`, an
@@ -252,8 +256,8 @@ def read_batch(runner: StageRunner, spark: SparkSession, source: Source, chunk: 
 
     from lakehouse.ingest.prepare import prepare_files
 
-    faults.inject("before_batch" if not getattr(runner, "_batches_read", 0) else "after_branch_commit")
-    runner._batches_read = getattr(runner, "_batches_read", 0) + 1
+    faults.inject("before_batch" if not runner.batches_read else "after_branch_commit")
+    runner.batches_read += 1
     if prepared is None:
         prepared = prepare_files(runner, spark, source, chunk)
         chunk = prepared.files
@@ -268,13 +272,13 @@ def read_batch(runner: StageRunner, spark: SparkSession, source: Source, chunk: 
     if not source.lineage_columns:
         return df, checked, []
     staged = {f.local_path: f for f in good if f.local_path and f.local_path != f.key and "://" not in f.local_path}
-    if staged and source.kind == "s3":
-        # staged copies have opaque names: report the S3 object each row came from
+    if staged and object_uri is not None:
+        # staged copies have opaque names: report the object each row came from
         from pathlib import Path
 
         pairs = []
         for p, f in staged.items():
-            pairs += [F.lit(Path(p).resolve().as_uri()), F.lit(f"s3://{source.bucket}/{f.key}")]
+            pairs += [F.lit(Path(p).resolve().as_uri()), F.lit(object_uri(f))]
         df = df.withColumn("_source_file", F.element_at(F.create_map(*pairs), F.input_file_name()))
     else:
         df = df.withColumn("_source_file", F.input_file_name())
@@ -282,13 +286,13 @@ def read_batch(runner: StageRunner, spark: SparkSession, source: Source, chunk: 
     return df, checked, []
 
 
-def note_unread_files(runner: StageRunner, files: list[FileRef]) -> None:
+def note_unread_files(runner: StageContext, files: list[FileRef]) -> None:
     """Record empty / quarantined files now (no rows depend on them) and tell the run's metadata."""
     from lakehouse.ingest.prepare import quarantine_class
 
     tables_ident = runner.target.identifier
     Checkpoints(runner.platform, tables_ident).record_files(files, runner.run_id)
-    report = runner.__dict__.setdefault("ingest_report", {})
+    report = runner.report
     for f in files:
         if f.status == QUARANTINED:
             report.setdefault("quarantined_files", []).append({"key": f.key, "error": f.error})
@@ -299,9 +303,9 @@ def note_unread_files(runner: StageRunner, files: list[FileRef]) -> None:
             report.setdefault("empty_files", []).append(f.key)
 
 
-def ingest_metadata(runner: StageRunner) -> dict:
+def ingest_metadata(runner: StageContext) -> dict:
     """Materialization metadata about files: how many quarantined / empty, and which."""
-    report = getattr(runner, "ingest_report", {}) or {}
+    report = runner.report
     md: dict = {}
     q = report.get("quarantined_files") or []
     if q:
@@ -319,12 +323,8 @@ def ingest_metadata(runner: StageRunner) -> dict:
     return md
 
 
-def record_published(runner: StageRunner, outcome: StageOutcome, plan: ExtractPlan | None = None) -> None:
-    """After publish: fold the new main snapshots into the checkpoint table, clean staging, report."""
+def record_published(runner: StageContext, outcome: StageOutcome) -> None:
+    """After publish: fold the new main snapshots into the checkpoint table, report the files."""
     faults.inject("after_publish")
     Checkpoints(runner.platform, runner.target.identifier).sync(runner.platform.tables())
     outcome.extra.update(ingest_metadata(runner))
-    if plan is not None and plan.kind == "s3":
-        from lakehouse.ingest.s3 import after_publish
-
-        after_publish(runner, outcome, plan)

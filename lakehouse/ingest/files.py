@@ -6,10 +6,11 @@ import fnmatch
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lakehouse.core import EMPTY, PROCESSED, QUARANTINED, FileRef  # noqa: F401 - the names ingest has always had
 from lakehouse.ingest.paths import PathEscape, walk_files
 from lakehouse.metadata.model import Source
 
@@ -19,29 +20,6 @@ if TYPE_CHECKING:
 CHECKPOINT_PROPERTY = "lakehouse.files"
 
 
-#: checkpoint statuses: rows committed / zero bytes (nothing to read) / unreadable, kept out of the table
-PROCESSED, EMPTY, QUARANTINED = "processed", "empty", "quarantined"
-
-
-@dataclass(frozen=True)
-class FileRef:
-    key: str  # path relative to the landing root, or the S3 key
-    size: int
-    etag: str
-    local_path: str | None = None  # where Spark reads it (staged copy or the landing file itself)
-    status: str = PROCESSED
-    error: str | None = None
-
-    def as_checkpoint(self) -> dict:
-        d = {"key": self.key, "etag": self.etag, "size": self.size}
-        if self.status != PROCESSED:
-            d["status"] = self.status
-        if self.error:
-            d["error"] = self.error[:500]
-        return d
-
-    def with_status(self, status: str, error: str | None = None) -> FileRef:
-        return replace(self, status=status, error=error)
 
 
 def landing_root(source: Source, landing_dir: Path) -> Path:

@@ -28,12 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lakehouse.control import faults
+from lakehouse.core import Batch
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from lakehouse.core import ExtractPlan, StageContext, StageOutcome
     from lakehouse.metadata.model import Source
-    from lakehouse.runner import Batch, ExtractPlan, StageOutcome, StageRunner
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +297,7 @@ def remainder(plan: ExtractPlan, overlap) -> ExtractPlan | None:
     return dataclasses.replace(plan, details=details)
 
 
-def last_watermark(runner: StageRunner) -> Any:
+def last_watermark(runner: StageContext) -> Any:
     """The watermark committed with main's newest snapshot that carries one (None: first load)."""
     from lakehouse.iceberg import MAIN, sql_string
 
@@ -517,11 +518,11 @@ def read_source(spark: SparkSession, conn: JdbcConnection, src: Source, details:
     return reader.load()
 
 
-def staging_path(runner: StageRunner, src: Source) -> Path:
+def staging_path(runner: StageContext, src: Source) -> Path:
     return runner.platform.settings.staging_dir / "jdbc" / src.source_id / runner.run_id
 
 
-def check_write_mode(runner: StageRunner, src: Source) -> None:
+def check_write_mode(runner: StageContext, src: Source) -> None:
     t = runner.target
     if src.load_type == "incremental":
         if t.write_mode != "merge":
@@ -552,7 +553,7 @@ def check_watermark_type(src: Source, value: Any) -> None:
                               f"{src.watermark_column!r} holds {kind} values")
 
 
-def plan(runner: StageRunner, src: Source, plan: ExtractPlan) -> None:
+def plan(runner: StageContext, src: Source, plan: ExtractPlan) -> None:
     """Source-side work in the source's pool: window, ranges, and the copy (staged as Parquet)."""
     check_write_mode(runner, src)
     conn = JdbcConnection.for_source(src)
@@ -602,7 +603,7 @@ def plan(runner: StageRunner, src: Source, plan: ExtractPlan) -> None:
                     src.load_type, (details.get("ranges") or {}).get("mode", "single"))
 
 
-def claim_window(runner: StageRunner, src: Source, details: dict[str, Any]) -> str | None:
+def claim_window(runner: StageContext, src: Source, details: dict[str, Any]) -> str | None:
     """Claim "the rows after the committed watermark" for this run (lakehouse.coordination);
     the reason to skip when a live run is already reading them, else None."""
     from lakehouse import coordination
@@ -621,10 +622,8 @@ def claim_window(runner: StageRunner, src: Source, details: dict[str, Any]) -> s
     return f"source {src.source_id!r}: {what} is being loaded by run {', '.join(res.taken)}"
 
 
-def batches(runner: StageRunner, plan: ExtractPlan):
+def batches(runner: StageContext, plan: ExtractPlan):
     """One commit: the staged window, with the watermark it reaches as a snapshot property."""
-    from lakehouse.runner import Batch
-
     src = runner.source
     spark = runner.platform.spark()
     if plan.staged_path:
@@ -645,11 +644,11 @@ def batches(runner: StageRunner, plan: ExtractPlan):
     if plan.details.get("watermark_high"):
         props[WATERMARK_PROPERTY] = plan.details["watermark_high"]
     label = f"jdbc {src.load_type}" + (f" ({plan.details['ranges']['mode']})" if plan.details.get("ranges") else "")
-    batch: Batch = Batch(df, props, label=label)
+    batch = Batch(df, props, label=label)
     yield batch
 
 
-def after_publish(runner: StageRunner, plan: ExtractPlan, outcome: StageOutcome) -> None:
+def after_publish(runner: StageContext, plan: ExtractPlan, outcome: StageOutcome) -> None:
     """Say what was read (MERGE's added-records counts rewritten rows too) and drop the staged copy."""
     d = plan.details
     if "rows_read" in d:

@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import DataType, StructType
 
+    from lakehouse.core import StageContext
     from lakehouse.metadata.model import Source
-    from lakehouse.runner import StageRunner
 
 log = logging.getLogger(__name__)
 LINEAGE_COLUMNS = ("_source_file", "_ingested_at")
@@ -185,11 +185,9 @@ def quarantine_class(error: str | None) -> str:
     return "UnreadableFile"
 
 
-def prepare_files(runner: StageRunner, spark: SparkSession, source: Source, files: list[FileRef]) -> PreparedFiles:
+def prepare_files(runner: StageContext, spark: SparkSession, source: Source, files: list[FileRef]) -> PreparedFiles:
     """Probe and reconcile every file of the run; evolve the table for the loadable ones."""
     from pyspark.sql.types import StructField, StructType
-
-    from lakehouse.control.healing import schema_policy
 
     if any(f.status == PROCESSED and f.size and "://" in (f.local_path or f.key)
            and not (f.local_path or "").startswith("file:") for f in files):
@@ -205,7 +203,7 @@ def prepare_files(runner: StageRunner, spark: SparkSession, source: Source, file
         table = StructType([f for f in tables.read(ident).schema.fields if f.name.lower() not in platform_cols])
     declared = StructType([StructField(c.name, _parse_type(c.type)) for c in source.columns]) if source.columns else None
     reference = _reference(table, declared)
-    policy = schema_policy(runner)
+    policy = runner.schema_policy()
     contract = {c.name.lower() for r in runner.rules if r.enabled and r.type == "schema_contract"
                 for c in r.expected_columns}
     allowed = contract | {c.name.lower() for c in source.columns}
@@ -254,7 +252,7 @@ def prepare_files(runner: StageRunner, spark: SparkSession, source: Source, file
     return prepared
 
 
-def _probe_all(runner: StageRunner, source: Source, files: list[FileRef], reference: StructType | None
+def _probe_all(runner: StageContext, source: Source, files: list[FileRef], reference: StructType | None
                ) -> tuple[PreparedFiles, dict[str, FileProbe]]:
     """Every file probed (results kept on the runner, so a healing retry does not probe again)."""
     expect = {f.name.lower(): f.dataType for f in (reference.fields if reference is not None else [])}
@@ -364,7 +362,7 @@ def _recase(want: DataType, have: DataType) -> DataType:
     return want
 
 
-def _evolve_table(runner: StageRunner, tables, ident: str, table: StructType, final: StructType) -> None:
+def _evolve_table(runner: StageContext, tables, ident: str, table: StructType, final: StructType) -> None:
     """New columns (nested ones too) and promotable widenings, before the first write."""
     changes = [c for c in compare(table, final) if c.kind in ("new", "widen")]
     if not changes:
@@ -391,7 +389,7 @@ def _evolve_table(runner: StageRunner, tables, ident: str, table: StructType, fi
                  details={"changes": [{"kind": c.kind, "column": c.column, "type": c.found.simpleString()}
                                       for c in changes]})
     runner.log.info("%s: schema evolved before the write: %s", ident, "; ".join(described))
-    report = runner.__dict__.setdefault("ingest_report", {})
+    report = runner.report
     report["schema_changes"] = described
     report["schema_added_columns"] = [c.column for c in changes if c.kind == "new" and len(c.path) == 1]
 
@@ -415,10 +413,10 @@ def _has_path(schema, path: tuple[str, ...]) -> bool:
     return True
 
 
-def _report(runner: StageRunner, prepared: PreparedFiles) -> None:
+def _report(runner: StageContext, prepared: PreparedFiles) -> None:
     """What reconciliation decided for loaded files (casts, NULL columns), for the run's metadata."""
     notes = []
-    report = runner.__dict__.setdefault("ingest_report", {})
+    report = runner.report
     report["schema_quarantined"] = [{"key": k, "reason": d.reason} for k, d in prepared.decisions.items()
                                     if d.action == QUARANTINE]
     for key, d in prepared.decisions.items():

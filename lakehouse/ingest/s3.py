@@ -18,10 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import shutil
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from fnmatch import fnmatch
@@ -31,16 +29,23 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from lakehouse.control import faults
+from lakehouse.coordination import claim_new_files, keep_claims
+from lakehouse.ingest.arrivals import (  # noqa: F401 - requested_files: the arrival batch a run reads
+    ArrivalDecision,
+    make_batches,
+    recently_requested,
+    record_requests,
+    requested_files,
+)
 from lakehouse.ingest.checkpoints import Checkpoints, engine_for
 from lakehouse.ingest.files import QUARANTINED, FileRef, select_for_run
 from lakehouse.ingest.paths import key_problem
-from lakehouse.metadata.schema import arrival_requests, ingest_cursors
+from lakehouse.metadata.schema import ingest_cursors
 
 if TYPE_CHECKING:
-    from lakehouse.ingest.arrivals import ArrivalDecision
+    from lakehouse.core import ExtractPlan, StageContext, StageOutcome
     from lakehouse.metadata.model import Source
-    from lakehouse.runner import ExtractPlan, Platform, StageOutcome, StageRunner
-    from lakehouse.settings import Settings
+    from lakehouse.platform import Platform
 
 log = logging.getLogger(__name__)
 
@@ -51,35 +56,10 @@ DEFAULT_RECONCILE_SECONDS = 3600.0
 # --------------------------------------------------------------------------- client and listing
 
 
-def endpoint_url(source: Source, settings: Settings | None = None) -> str | None:
-    """LAKEHOUSE_S3_ENDPOINT_URL overrides the source's endpoint_url (tests, MinIO, moto)."""
-    env = os.environ.get("LAKEHOUSE_S3_ENDPOINT_URL") or (settings.s3_endpoint_url if settings else None)
-    return env or source.endpoint_url
-
-
-def s3_client(endpoint: str | None = None, threads: int = 10):
-    """A boto3 S3 client; credentials come from the standard AWS environment / profile chain."""
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client(
-        "s3", endpoint_url=endpoint, region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-        config=Config(max_pool_connections=max(10, threads), retries={"max_attempts": 5, "mode": "standard"}),
-    )
-
-
-_CLIENTS: dict[tuple[str | None, int], Any] = {}
-_CLIENTS_LOCK = threading.Lock()
-
-
-def client_for(source: Source, settings: Settings | None = None):
-    """One client per endpoint and pool size, shared: an arrival tick lists many sources in parallel
-    threads, and boto3 clients are thread-safe to use but not to create concurrently."""
-    key = (endpoint_url(source, settings), source.download_threads)
-    with _CLIENTS_LOCK:
-        if key not in _CLIENTS:
-            _CLIENTS[key] = s3_client(*key)
-        return _CLIENTS[key]
+def client_for(platform: Platform, source: Source, **kw: Any):
+    """The platform's S3 client for this source (lakehouse.s3access: dagster-aws's S3Resource,
+    one client per endpoint shared by threads)."""
+    return platform.s3.for_source(source, **kw)
 
 
 def key_matches(key: str, source: Source) -> bool:
@@ -127,13 +107,11 @@ def poll_s3(platform: Platform, source: Source, cursor: str | None, identifier: 
     Uses the checkpoint table only (no Spark): a file already handled is never requested again;
     a file of a batch requested within the reconcile interval is not re-requested.
     """
-    from lakehouse.ingest.arrivals import ArrivalDecision, make_batches
-
     now = time.time() if now is None else now
     state = json.loads(cursor) if cursor else {}
     after = state.get("after")
     full = after is None or now - float(state.get("reconciled_at", 0)) >= reconcile_seconds(source)
-    client = client_for(source, platform.settings)
+    client = client_for(platform, source)
     files, last, listed = list_files(client, source, None if full else after)
     new_state = {"after": _max_key(after, last), "reconciled_at": now if full else state.get("reconciled_at", 0)}
     if files and identifier:
@@ -152,31 +130,6 @@ def poll_s3(platform: Platform, source: Source, cursor: str | None, identifier: 
     return ArrivalDecision(batches=batches, cursor=json.dumps(new_state),
                            tags={"lakehouse/listing": "full" if full else "incremental",
                                  "lakehouse/keys_listed": str(listed)})
-
-
-def record_requests(platform: Platform, source_id: str, identifier: str | None, batches, now: float) -> None:
-    eng = engine_for(platform)
-    with eng.begin() as conn:
-        for b in batches:
-            conn.execute(sa.delete(arrival_requests).where(arrival_requests.c.batch_key == b.run_key))
-            conn.execute(sa.insert(arrival_requests), [
-                {"batch_key": b.run_key, "file_key": f.key, "etag": f.etag, "size": f.size,
-                 "source_id": source_id, "table_ident": identifier, "requested_at": now} for f in b.files])
-
-
-def recently_requested(platform: Platform, source_id: str, since: float) -> set[tuple[str, str]]:
-    t = arrival_requests
-    with engine_for(platform).connect() as conn:
-        return {(k, e) for k, e in conn.execute(
-            sa.select(t.c.file_key, t.c.etag).where(t.c.source_id == source_id, t.c.requested_at >= since))}
-
-
-def requested_files(platform: Platform, batch_key: str) -> list[FileRef]:
-    t = arrival_requests
-    with engine_for(platform).connect() as conn:
-        rows = conn.execute(sa.select(t.c.file_key, t.c.etag, t.c.size).where(t.c.batch_key == batch_key)
-                            .order_by(t.c.file_key)).all()
-    return [FileRef(k, int(s or 0), e) for k, e, s in rows]
 
 
 # --------------------------------------------------------------------------- run side
@@ -198,16 +151,16 @@ def set_cursor(platform: Platform, identifier: str, source_id: str, after: str |
                                          reconciled_at=reconciled_at, updated_at=sa.func.now()))
 
 
-def plan(runner: StageRunner, src: Source, plan: ExtractPlan) -> None:
-    """Decide this run's files and stage them locally (called by StageRunner.extract)."""
+def plan(runner: StageContext, src: Source, plan: ExtractPlan) -> None:
+    """Decide this run's files and stage them locally (the s3 source adapter's plan)."""
     platform = runner.platform
     ident = runner.target.identifier
     tables = platform.tables()
     cp = Checkpoints(platform, ident)
     if tables.exists(ident):
         cp.sync(tables)  # only snapshots newer than the checkpoint table's mark
-    client = client_for(src, platform.settings)
-    batch_key = (getattr(runner, "run_tags", None) or {}).get(ARRIVAL_TAG)
+    client = client_for(platform, src)
+    batch_key = runner.run_tags.get(ARRIVAL_TAG)
     now = time.time()
     after, reconciled_at = get_cursor(platform, ident, src.source_id)
     if batch_key:
@@ -222,8 +175,8 @@ def plan(runner: StageRunner, src: Source, plan: ExtractPlan) -> None:
         listed_files, last, listed = list_files(client, src, None if full else after)
     done = cp.handled(listed_files)
     new = [f for f in listed_files if (f.key, f.etag) not in done]
-    mine, taken = runner.claim_new_files(new)  # files other live runs are loading stay theirs
-    picked = runner.keep_claims(select_for_run(mine, src), mine)
+    mine, taken = claim_new_files(runner, new)  # files other live runs are loading stay theirs
+    picked = keep_claims(runner, select_for_run(mine, src), mine)
     plan.details = {"listing": listing, "keys_listed": listed, "files_found": len(listed_files),
                     "files_new": len(new), "files_planned": len(picked), "start_after": after
                     if listing == "incremental" else None}
@@ -253,7 +206,8 @@ def plan(runner: StageRunner, src: Source, plan: ExtractPlan) -> None:
     sweep_staging(platform.settings.staging_dir / "s3")
     dest = platform.settings.staging_dir / "s3" / re.sub(r"[^A-Za-z0-9_.-]", "_", runner.run_id)
     t0 = time.monotonic()
-    staged, skipped = download(client, src, picked, dest, src.download_threads)
+    clients = platform.s3.for_threads(platform.s3.endpoint_for(src), src.download_threads)
+    staged, skipped = download(clients, src, picked, dest, src.download_threads)
     plan.staged_path = str(dest)
     plan.files = staged + refused
     plan.details.update({"files_downloaded": len(staged), "download_seconds": round(time.monotonic() - t0, 3),
@@ -296,9 +250,12 @@ def _staged_name(i: int, key: str) -> str:
     return f"{i:06d}_{hashlib.sha1(key.encode(), usedforsecurity=False).hexdigest()[:16]}{ext}"
 
 
-def download(client, source: Source, files: list[FileRef], dest: Path, threads: int
+def download(clients, source: Source, files: list[FileRef], dest: Path, threads: int
              ) -> tuple[list[FileRef], list[tuple[FileRef, str]]]:
     """Fetch objects in parallel (ThreadPoolExecutor) into `dest`, pinned to the listed ETag.
+
+    `clients`: one client or several (lakehouse.s3access.S3Clients.for_threads); worker i uses
+    client i % len, so no client's connection pool serves more threads than it holds.
 
     An object rewritten or deleted since it was listed is skipped (its new version is picked up
     by a later run); any other error fails the run naming the key, so nothing is marked done.
@@ -306,12 +263,13 @@ def download(client, source: Source, files: list[FileRef], dest: Path, threads: 
     from botocore.exceptions import ClientError
 
     dest.mkdir(parents=True, exist_ok=True)
+    pool = clients if isinstance(clients, list) else [clients]
 
     def one(item: tuple[int, FileRef]) -> tuple[FileRef, str | None]:
         i, f = item
         path = dest / _staged_name(i, f.key)
         try:
-            resp = client.get_object(Bucket=source.bucket, Key=f.key, IfMatch=f'"{f.etag}"')
+            resp = pool[i % len(pool)].get_object(Bucket=source.bucket, Key=f.key, IfMatch=f'"{f.etag}"')
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             if code in ("PreconditionFailed", "NoSuchKey", "412", "404"):
@@ -327,8 +285,8 @@ def download(client, source: Source, files: list[FileRef], dest: Path, threads: 
         return FileRef(f.key, f.size, f.etag, str(path)), None
 
     staged, skipped = [], []
-    with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="s3-download") as pool:
-        for ref, why in pool.map(one, enumerate(files)):
+    with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="s3-download") as workers:
+        for ref, why in workers.map(one, enumerate(files)):
             if why is None:
                 staged.append(ref)
             else:
@@ -336,7 +294,7 @@ def download(client, source: Source, files: list[FileRef], dest: Path, threads: 
     return staged, skipped
 
 
-def after_publish(runner: StageRunner, outcome: StageOutcome, plan: ExtractPlan) -> None:
+def after_publish(runner: StageContext, outcome: StageOutcome, plan: ExtractPlan) -> None:
     """Advance the listing cursor and drop the staged copies (the data is in Iceberg now)."""
     cur = plan.details.get("cursor_after_publish")
     if cur:

@@ -32,9 +32,12 @@ from datahub.metadata import schema_classes as m
 
 from lakehouse.lineage.graph import STAGE_PREFIX, edges_into
 from lakehouse.metadata.model import MetadataCatalog, Rule, Source, Stage, Target
+from lakehouse.sources import adapter_for
+from lakehouse.sources.jdbc import jdbc_platform
 
 if TYPE_CHECKING:
-    from lakehouse.runner import ExtractPlan, Platform, StageOutcome, StageRunner
+    from lakehouse.core import ExtractPlan, StageContext, StageOutcome
+    from lakehouse.platform import Platform
 
 log = logging.getLogger(__name__)
 
@@ -45,23 +48,10 @@ SPOOL_SUFFIX = ".json"
 # --------------------------------------------------------------------------- URNs
 
 
-def _jdbc_platform(url: str | None) -> str:
-    if not url:
-        return "postgres"
-    scheme = url.split(":", 2)[1] if url.startswith("jdbc:") else url.split(":", 1)[0]
-    return {"postgresql": "postgres", "redshift": "redshift", "mysql": "mysql", "sqlserver": "mssql",
-            "oracle": "oracle", "snowflake": "snowflake", "sqlite": "sqlite"}.get(scheme, scheme)
-
-
 def source_urn(src: Source) -> str:
-    if src.kind == "files":
-        return builder.make_dataset_urn("file", (src.path or src.source_id).strip("/"), ENV)
-    if src.kind == "s3":
-        return builder.make_dataset_urn("s3", f"{src.bucket}/{src.prefix}".rstrip("/"), ENV)
-    if src.kind == "jdbc":
-        url = src.jdbc_url if not src.jdbc_url_env else os.environ.get(src.jdbc_url_env, src.jdbc_url)
-        return builder.make_dataset_urn(_jdbc_platform(url), (src.table or src.source_id).lower(), ENV)
-    return builder.make_dataset_urn("iceberg", (src.table_identifier or src.source_id).lower(), ENV)
+    """The source's dataset in DataHub: platform and name come from its adapter (lakehouse.sources)."""
+    platform, name = adapter_for(src.kind).dataset_name(src)
+    return builder.make_dataset_urn(platform, name, ENV)
 
 
 def target_urn(t: Target) -> str:
@@ -69,7 +59,7 @@ def target_urn(t: Target) -> str:
         return builder.make_dataset_urn("iceberg", t.identifier.lower(), ENV)
     url = t.jdbc_url if not t.jdbc_url_env else os.environ.get(t.jdbc_url_env, t.jdbc_url)
     name = ".".join(p for p in (t.warehouse_schema, t.warehouse_table) if p).lower()
-    return builder.make_dataset_urn(_jdbc_platform(url), name, ENV)
+    return builder.make_dataset_urn(jdbc_platform(url), name, ENV)
 
 
 def dataset_urn(catalog: MetadataCatalog, dataset_id: str) -> str | None:
@@ -186,7 +176,7 @@ def dataset_mcps(platform: Platform | None, catalog: MetadataCatalog, dataset_id
             props["alternative_source_id"] = s.alternative_source_id
         out.append(_mcp(urn, m.DatasetPropertiesClass(name=s.source_id, description=s.description or None,
                                                       customProperties={k: v for k, v in props.items() if v})))
-        out.append(_mcp(urn, m.SubTypesClass(typeNames=["Source" if s.kind != "jdbc" else "Table"])))
+        out.append(_mcp(urn, m.SubTypesClass(typeNames=[adapter_for(s.kind).subtype])))
         cols = schema_columns or [(c.name, c.type, c.nullable) for c in s.columns]
         if cols:
             out.append(_mcp(urn, schema_aspect(s.source_id, platform_name, cols)))
@@ -367,7 +357,7 @@ def history_mcps(platform: Platform, catalog: MetadataCatalog, limit: int = 10_0
     return out
 
 
-def run_mcps(runner: StageRunner, outcome: StageOutcome | None, *, success: bool, started_ms: int,
+def run_mcps(runner: StageContext, outcome: StageOutcome | None, *, success: bool, started_ms: int,
              used_upstream: str | None = None, checks=None) -> list[MetadataChangeProposalWrapper]:
     """One stage run: the target's schema and lineage, the job, its DataProcessInstance, check results."""
     from datahub.api.entities.dataprocess.dataprocess_instance import DataProcessInstance, InstanceRunResult
@@ -546,7 +536,7 @@ def emit_catalog(platform: Platform, output: str | None = None) -> EmitResult:
     return emit(platform, mcps, "catalog")
 
 
-def emit_stage_run(runner: StageRunner, plan: ExtractPlan | None, outcome: StageOutcome | None, *,
+def emit_stage_run(runner: StageContext, plan: ExtractPlan | None, outcome: StageOutcome | None, *,
                    success: bool, started_ms: int | None = None, checks=None) -> EmitResult:
     """Called by the runner after publish (and on a failed audit); never raises."""
     try:

@@ -1,17 +1,17 @@
-"""Health probes per source kind and rerouting an extraction over the lineage graph.
+"""Rerouting an extraction over the lineage graph when what it reads is down.
 
-See docs/lineage.md ("Recovery API") for the contract the healing engine relies on.
+Probes and "is this error the source being unavailable" are the source adapters'
+(lakehouse.sources); this module chooses the route. See docs/lineage.md ("Recovery API").
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlsplit
 
-from lakehouse.errors import SourceUnavailable, source_unreachable
+from lakehouse.core import NoRecoveryPath, StageContext, resolve_source
+from lakehouse.errors import SourceUnavailable
 from lakehouse.lineage.graph import (
     Route,
     build_graph,
@@ -24,23 +24,19 @@ from lakehouse.lineage.graph import (
     sync,
 )
 from lakehouse.metadata.model import MetadataCatalog, Source
+from lakehouse.sources import adapter_for
+from lakehouse.sources.iceberg import probe_table
+from lakehouse.sources.jdbc import probe_jdbc
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from lakehouse.runner import Platform, StageRunner
+    from lakehouse.platform import Platform
+
+__all__ = ["NoRecoveryPath", "Reroute", "SourceUnavailable", "extract_with_recovery", "probe_dataset",
+           "probe_source", "probe_table", "reroute", "resolve_source", "route_report", "sql_table_overrides"]
 
 log = logging.getLogger(__name__)
-
-PROBE_TIMEOUT_S = 5
-
-
-class NoRecoveryPath(RuntimeError):
-    """No route into the dataset has every dataset on it available."""
-
-    def __init__(self, message: str, routes: list[Route] | None = None):
-        super().__init__(message)
-        self.routes = routes or []
 
 
 @dataclass
@@ -61,89 +57,12 @@ class Reroute:
 # --------------------------------------------------------------------------- probes
 
 
-def _settings_endpoint(platform: Platform, src: Source) -> str | None:
-    return platform.settings.s3_endpoint_url or src.endpoint_url
-
-
 def probe_source(platform: Platform, src: Source) -> tuple[bool, str]:
-    """(available, why): a cheap check that the source can be read right now."""
+    """(available, why): the source adapter's cheap check that the source can be read now."""
     try:
-        if src.kind == "files":
-            from lakehouse.ingest.files import landing_root
-
-            root = landing_root(src, platform.settings.landing_dir)
-            if not root.is_dir():
-                return False, f"landing directory {root} does not exist"
-            if not os.access(root, os.R_OK | os.X_OK):
-                return False, f"landing directory {root} is not readable"
-            next(iter(os.scandir(root)), None)  # raises on an unreadable directory
-            return True, f"{root} readable"
-        if src.kind == "s3":
-            return _probe_s3(platform, src)
-        if src.kind == "jdbc":
-            return _probe_jdbc(platform, src)
-        if src.kind == "iceberg":
-            return probe_table(platform, src.table_identifier)
+        return adapter_for(src.kind).probe(platform, src)
     except Exception as exc:  # a probe reports, it never raises
         return False, f"{type(exc).__name__}: {exc}"
-    return False, f"no probe for source kind {src.kind!r}"
-
-
-def _probe_s3(platform: Platform, src: Source) -> tuple[bool, str]:
-    import boto3
-    from botocore.config import Config
-
-    client = boto3.client(
-        "s3", endpoint_url=_settings_endpoint(platform, src),
-        config=Config(connect_timeout=PROBE_TIMEOUT_S, read_timeout=PROBE_TIMEOUT_S, retries={"max_attempts": 1}),
-    )
-    client.head_bucket(Bucket=src.bucket)
-    return True, f"s3://{src.bucket} reachable"
-
-
-def jdbc_url_of(src) -> str:
-    url = os.environ.get(src.jdbc_url_env) if src.jdbc_url_env else None
-    url = url or src.jdbc_url
-    if not url:
-        raise SourceUnavailable(f"{src.jdbc_url_env or 'jdbc_url'} is not set")
-    return url
-
-
-def _probe_jdbc(platform: Platform, src) -> tuple[bool, str]:
-    url = jdbc_url_of(src)
-    user = os.environ.get(src.user_env) if src.user_env else None
-    password = os.environ.get(src.password_env) if src.password_env else None
-    if url.startswith("jdbc:postgresql:"):
-        import psycopg2
-
-        parts = urlsplit(url[len("jdbc:"):])
-        params = {k: v[0] for k, v in parse_qs(parts.query).items()}
-        conn = psycopg2.connect(host=parts.hostname or "localhost", port=parts.port or 5432,
-                                dbname=(parts.path or "/").lstrip("/") or None,
-                                user=user or params.get("user"), password=password,
-                                connect_timeout=PROBE_TIMEOUT_S)
-        conn.close()
-        return True, f"connected to {parts.hostname}:{parts.port or 5432}"
-    jvm = platform.spark()._jvm  # any other driver: a real JDBC connection through the JVM
-    props = jvm.java.util.Properties()
-    if user:
-        props.setProperty("user", user)
-    if password:
-        props.setProperty("password", password)
-    jvm.java.sql.DriverManager.setLoginTimeout(PROBE_TIMEOUT_S)
-    jvm.java.sql.DriverManager.getConnection(url, props).close()
-    return True, "connected"
-
-
-def probe_table(platform: Platform, identifier: str) -> tuple[bool, str]:
-    """An Iceberg table is available as an upstream when it loads and has a current snapshot."""
-    try:
-        table = platform.pyiceberg_catalog().load_table(identifier)
-    except Exception as exc:
-        return False, f"table {identifier} does not load: {type(exc).__name__}: {exc}"
-    if table.current_snapshot() is None:
-        return False, f"table {identifier} has no snapshot yet"
-    return True, f"table {identifier} loads"
 
 
 def probe_dataset(platform: Platform, catalog: MetadataCatalog, dataset_id: str) -> tuple[bool, str]:
@@ -155,22 +74,10 @@ def probe_dataset(platform: Platform, catalog: MetadataCatalog, dataset_id: str)
         return False, f"unknown dataset {dataset_id!r}"
     if tgt.kind == "iceberg":
         return probe_table(platform, tgt.identifier)
-    try:
-        return _probe_jdbc(platform, tgt)
+    try:  # a warehouse target: one connection to its database
+        return probe_jdbc(platform, tgt)
     except Exception as exc:
         return False, f"{type(exc).__name__}: {exc}"
-
-
-def resolve_source(catalog: MetadataCatalog, dataset_id: str) -> Source | None:
-    """What a stage reads for a dataset id: the source itself, or a target read as an Iceberg table."""
-    src = next((s for s in catalog.sources if s.source_id == dataset_id), None)
-    if src is not None:
-        return src
-    tgt = next((t for t in catalog.targets if t.target_id == dataset_id and t.kind == "iceberg"), None)
-    if tgt is not None:
-        return Source(source_id=dataset_id, kind="iceberg", table_identifier=tgt.identifier,
-                      description=f"target {dataset_id} read as a recovery upstream")
-    return None
 
 
 # --------------------------------------------------------------------------- routes
@@ -186,23 +93,17 @@ def route_report(platform: Platform, dataset_id: str, catalog: MetadataCatalog |
     return rs, choose(rs)
 
 
-def _unpack(runner_or_platform) -> tuple[Platform, StageRunner | None]:
-    if hasattr(runner_or_platform, "stage") and hasattr(runner_or_platform, "platform"):
-        return runner_or_platform.platform, runner_or_platform
-    return runner_or_platform, None
-
-
-def reroute(runner_or_platform, dataset_id: str, *, failed: str | None = None,
+def reroute(platform: Platform, dataset_id: str, *, ctx: StageContext | None = None, failed: str | None = None,
             error: BaseException | None = None, run_id: str | None = None,
             accept: Callable[[Route], bool] | None = None, point_runner: bool = True) -> Reroute:
     """Pick the cheapest available route into `dataset_id` (that `accept` allows), record it, and
-    point the runner at it (its source_override) unless `point_runner` is false."""
-    platform, runner = _unpack(runner_or_platform)
+    point the stage `ctx` at it (its source_override) unless `point_runner` is false."""
+    runner = ctx
     catalog = runner.catalog if runner else platform.catalog()
     run_id = run_id or (runner.run_id if runner else None)
     current = None
     if runner is not None:
-        current = getattr(runner, "source_override", None) or runner.stage.source_id
+        current = runner.source_override or runner.stage.source_id
     failed = failed or current
     why = f"{type(error).__name__}: {error}" if error is not None else "reported unavailable"
     rs, _ = route_report(platform, dataset_id, catalog, {failed: why} if failed else None)
@@ -256,7 +157,7 @@ def has_alternative(catalog: MetadataCatalog, dataset_id: str, current: str | No
     return any(e.from_dataset_id != current for e in edges_into(catalog, dataset_id))
 
 
-def sql_table_overrides(runner: StageRunner) -> dict[str, str]:
+def sql_table_overrides(runner: StageContext) -> dict[str, str]:
     """For a SQL stage: each upstream table that is unavailable, swapped for the cheapest available
     replacement. A replacement is the table's declared replica (`alternative_source_id` of its
     target), or, for a stage with a single upstream, the upstream of any other route into the
@@ -284,13 +185,13 @@ def sql_table_overrides(runner: StageRunner) -> dict[str, str]:
             return (route.upstream not in ups and src is not None and src.kind == "iceberg"
                     and (route.upstream == reps.get(up) or len(ups) == 1))
 
-        decision = reroute(runner, st.target_id, failed=up, error=SourceUnavailable(why), accept=replaces,
-                           point_runner=False)
+        decision = reroute(runner.platform, st.target_id, ctx=runner, failed=up, error=SourceUnavailable(why),
+                           accept=replaces, point_runner=False)
         overrides[ident.lower()] = resolve_source(catalog, decision.to_dataset_id).table_identifier
     return overrides
 
 
-def extract_with_recovery(runner: StageRunner, plan: Callable[[], Any]) -> Any:
+def extract_with_recovery(runner: StageContext, plan: Callable[[], Any]) -> Any:
     """Run the extract planning, rerouting first when the default upstream is down.
 
     A stage that reads a source and has another route reads the chosen upstream instead; a SQL
@@ -317,14 +218,14 @@ def extract_with_recovery(runner: StageRunner, plan: Callable[[], Any]) -> Any:
     if src is not None:
         ok, why = probe_source(runner.platform, src)
         if not ok:
-            reroute(runner, st.target_id, failed=current, error=SourceUnavailable(why))
+            reroute(runner.platform, st.target_id, ctx=runner, failed=current, error=SourceUnavailable(why))
             return plan()
     try:
         return plan()
     except Exception as exc:
-        if not source_unreachable(exc):
+        if not adapter_for(runner.source_kind).is_unavailable(exc):
             raise
-        reroute(runner, st.target_id, failed=runner.source_override or current, error=exc)
+        reroute(runner.platform, st.target_id, ctx=runner, failed=runner.source_override or current, error=exc)
         return plan()
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlglot import exp
 
@@ -29,7 +29,25 @@ from lakehouse.metadata.model import ColumnSpec, DatasetLineage, Source, Stage
 from lakehouse.sqlparse import table_name
 
 if TYPE_CHECKING:
-    from lakehouse.lineage.sql_import import _State
+    from lakehouse.metadata.model import MetadataCatalog
+
+
+class ImportState(Protocol):
+    """What a COPY statement needs of the SQL importer's state (lakehouse.lineage.sql_import
+    passes its own): typed here, so this module never imports the importer that calls it."""
+
+    catalog: MetadataCatalog
+    file_name: str
+    res: Any
+    ddl: dict[str, tuple[list, str]]
+    copied: set[str]
+
+    def target_for(self, ns: str | None, tbl: str, layer: str, write_mode: str) -> tuple[str, str, str, bool]: ...
+
+    def place(self, where: str, identifier: str, layer: str, table: str, target_id: str,
+              upstream_ids: list[str]) -> tuple[str, int, str]: ...
+
+    def added(self, stage: Stage, names: list[str], identifier: str) -> None: ...
 
 SECRET_OPTIONS = {"IAM_ROLE", "CREDENTIALS", "ACCESS_KEY_ID", "SECRET_ACCESS_KEY", "SESSION_TOKEN",
                   "MASTER_SYMMETRIC_KEY", "WITH"}
@@ -127,7 +145,7 @@ def _spark_type(kind: exp.DataType) -> str:
     return kind.sql(dialect="spark").lower().replace(" ", "")
 
 
-def import_copy(st: _State, stmt: exp.Copy, i: int, where: str) -> None:
+def import_copy(st: ImportState, stmt: exp.Copy, i: int, where: str) -> None:
     """Add the source, target, bronze stage and lineage edge one COPY implies to `st.res`."""
     if not stmt.args.get("kind"):
         raise CopyImportError(f"{where}: COPY ... TO (an unload) is not a load; only COPY ... FROM is imported")
@@ -211,7 +229,7 @@ def import_copy(st: _State, stmt: exp.Copy, i: int, where: str) -> None:
         cost=1.0, is_default=True))
 
 
-def _source_id(st: _State, bucket: str, prefix: str, glob: str, wanted: str) -> str:
+def _source_id(st: ImportState, bucket: str, prefix: str, glob: str, wanted: str) -> str:
     """An existing source reading the same objects, else a fresh id based on the (safe) table name."""
     for s in [*st.catalog.sources, *st.res.sources]:
         if s.kind == "s3" and (s.bucket, s.prefix, s.glob) == (bucket, prefix, glob):

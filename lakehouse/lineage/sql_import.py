@@ -22,6 +22,7 @@ from sqlglot.errors import ParseError, TokenError
 
 from lakehouse.lineage.columns import column_lineage
 from lakehouse.lineage.graph import STAGE_PREFIX
+from lakehouse.lineage.sql_copy import CopyImportError, import_copy
 from lakehouse.metadata.loader import MetadataError, Origin, build_catalog
 from lakehouse.metadata.model import (
     IDENT_RE,
@@ -165,8 +166,6 @@ def import_sql(text: str, catalog: MetadataCatalog, *, file_name: str = "<sql>",
     for i, stmt in enumerate(statements, start=1):
         where = f"{file_name}: statement {i}"
         if isinstance(stmt, exp.Copy):
-            from lakehouse.lineage.sql_copy import CopyImportError, import_copy
-
             try:
                 import_copy(st, stmt, i, where)
             except CopyImportError as exc:

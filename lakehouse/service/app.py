@@ -20,7 +20,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from lakehouse import entity_raw
 from lakehouse.entity_raw import LoadRequest
-from lakehouse.runner import Platform
+from lakehouse.platform import Platform
 from lakehouse.service import jobs
 from lakehouse.service.runs import RunGateway, load_job_name
 

@@ -18,7 +18,7 @@ from lakehouse.metadata.store import MetadataStore
 
 if TYPE_CHECKING:
     from lakehouse.entity_raw import LoadRequest, LoadResult
-    from lakehouse.runner import Platform
+    from lakehouse.platform import Platform
 
 JOB_TAG = "lakehouse/load_job"
 

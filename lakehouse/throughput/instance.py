@@ -13,15 +13,25 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lakehouse.metadata.model import MetadataCatalog
-from lakehouse.settings import Settings
+from lakehouse.settings import Settings, load_settings
+from lakehouse.throughput.pools import (  # noqa: F401 - unenforced: what callers have imported from here
+    MANAGED_PREFIXES,
+    PoolSync,
+    desired_limits,
+    sync_instance,
+    unenforced,
+)
 
 if TYPE_CHECKING:
     import dagster as dg
+
+    from lakehouse.platform import Platform
 
 EPHEMERAL_ENV = "LAKEHOUSE_DAGSTER_EPHEMERAL"
 TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "dagster.dev.yaml"
@@ -62,28 +72,9 @@ class HeadlessInstance:
     notes: list[str] = field(default_factory=list)  # throttles that cannot be enforced, and why
 
 
-def unenforced(catalog: MetadataCatalog, instance: dg.DagsterInstance | None, why: str | None = None) -> list[str]:
-    """A line per max_concurrent throttle that the instance will not enforce."""
-    from lakehouse.throughput.pools import current_limits, desired_limits
-
-    desired = desired_limits(catalog)
-    if not desired:
-        return []
-    if why is None and instance is not None and not instance.event_log_storage.supports_global_concurrency_limits:
-        why = "the Dagster instance's storage does not support pools"
-    if why is not None:
-        return [f"throttle {pool} (max_concurrent {n}) is NOT enforced: {why}" for pool, n in sorted(desired.items())]
-    have = current_limits(instance)
-    return [f"throttle {pool} (max_concurrent {n}) is NOT enforced: the instance's pool limit is "
-            f"{have[pool][0] if pool in have else 'not set'}; run `lakehouse pools sync`"
-            for pool, n in sorted(desired.items()) if have.get(pool, (None, True)) != (n, False)]
-
-
 def headless_instance(settings: Settings, catalog: MetadataCatalog, *, ephemeral: bool = False) -> HeadlessInstance:
     """The instance for a headless run, its pools synced from the throttles metadata."""
     import dagster as dg
-
-    from lakehouse.throughput.pools import sync_instance
 
     if ephemeral or os.environ.get(EPHEMERAL_ENV, "") not in ("", "0"):
         inst = dg.DagsterInstance.ephemeral()
@@ -103,8 +94,6 @@ def free_stale_slots(instance: dg.DagsterInstance) -> list[str]:
     import socket
 
     from lakehouse.coordination import pid_alive
-    from lakehouse.throughput.pools import MANAGED_PREFIXES
-
     storage = instance.event_log_storage
     freed: list[str] = []
     for pool in sorted(k for k in storage.get_concurrency_keys() if k.startswith(MANAGED_PREFIXES)):
@@ -126,3 +115,42 @@ def run_tags() -> dict[str, str]:
     import socket
 
     return {PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()}
+
+
+def instance_from_env() -> dg.DagsterInstance | None:
+    """The persistent instance under $DAGSTER_HOME (default $LAKEHOUSE_HOME/dagster_home, the one
+    headless runs use: lakehouse.throughput.instance), or None when there is none to sync."""
+    home = dagster_home(load_settings())
+    if not home.is_dir():
+        return None
+    os.environ["DAGSTER_HOME"] = str(home)
+    import dagster as dg
+
+    return dg.DagsterInstance.get()
+
+
+def sync_pools(platform: Platform, instance: dg.DagsterInstance | None = None) -> PoolSync | None:
+    """Called by `lakehouse metadata apply`: sync the instance headless runs, the UI and the daemon
+    share (created under LAKEHOUSE_HOME if needed), and say which throttles it cannot enforce."""
+    catalog = platform.store.load()
+    if instance is None and not desired_limits(catalog) and not dagster_home(platform.settings).is_dir():
+        return None  # no throttles and no instance: nothing to sync, nothing to create
+    if instance is None and os.environ.get(EPHEMERAL_ENV, "") not in ("", "0"):
+        for line in unenforced(catalog, None, f"{EPHEMERAL_ENV} is set: headless runs use an ephemeral instance"):
+            print(f"warning: {line}", file=sys.stderr)
+        return None
+    try:
+        if instance is None:
+            ensure_home(platform.settings)
+            import dagster as dg
+
+            instance = dg.DagsterInstance.get()
+        result = sync_instance(instance, catalog)
+    except Exception as exc:  # the metadata is applied; the sensor retries the sync on its next tick
+        print(f"warning: dagster pools not synced ({type(exc).__name__}: {exc}); "
+              "the lakehouse_throughput_sync sensor will retry", file=sys.stderr)
+        return None
+    print(f"dagster pools ({os.environ.get('DAGSTER_HOME')}): {result.summary()}")
+    for line in unenforced(catalog, instance):
+        print(f"warning: {line}", file=sys.stderr)
+    return result

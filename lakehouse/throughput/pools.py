@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -21,7 +19,6 @@ from lakehouse.metadata.model import MetadataCatalog
 if TYPE_CHECKING:
     import dagster as dg
 
-    from lakehouse.runner import Platform
 
 log = logging.getLogger(__name__)
 MANAGED_PREFIXES = ("source:", "target:")
@@ -80,45 +77,16 @@ def sync_instance(instance: dg.DagsterInstance, catalog: MetadataCatalog) -> Poo
     return result
 
 
-def instance_from_env() -> dg.DagsterInstance | None:
-    """The persistent instance under $DAGSTER_HOME (default $LAKEHOUSE_HOME/dagster_home, the one
-    headless runs use: lakehouse.throughput.instance), or None when there is none to sync."""
-    from lakehouse.settings import load_settings
-    from lakehouse.throughput.instance import dagster_home
-
-    home = dagster_home(load_settings())
-    if not home.is_dir():
-        return None
-    os.environ["DAGSTER_HOME"] = str(home)
-    import dagster as dg
-
-    return dg.DagsterInstance.get()
-
-
-def sync_pools(platform: Platform, instance: dg.DagsterInstance | None = None) -> PoolSync | None:
-    """Called by `lakehouse metadata apply`: sync the instance headless runs, the UI and the daemon
-    share (created under LAKEHOUSE_HOME if needed), and say which throttles it cannot enforce."""
-    from lakehouse.throughput.instance import EPHEMERAL_ENV, dagster_home, ensure_home, unenforced
-
-    catalog = platform.store.load()
-    if instance is None and not desired_limits(catalog) and not dagster_home(platform.settings).is_dir():
-        return None  # no throttles and no instance: nothing to sync, nothing to create
-    if instance is None and os.environ.get(EPHEMERAL_ENV, "") not in ("", "0"):
-        for line in unenforced(catalog, None, f"{EPHEMERAL_ENV} is set: headless runs use an ephemeral instance"):
-            print(f"warning: {line}", file=sys.stderr)
-        return None
-    try:
-        if instance is None:
-            ensure_home(platform.settings)
-            import dagster as dg
-
-            instance = dg.DagsterInstance.get()
-        result = sync_instance(instance, catalog)
-    except Exception as exc:  # the metadata is applied; the sensor retries the sync on its next tick
-        print(f"warning: dagster pools not synced ({type(exc).__name__}: {exc}); "
-              "the lakehouse_throughput_sync sensor will retry", file=sys.stderr)
-        return None
-    print(f"dagster pools ({os.environ.get('DAGSTER_HOME')}): {result.summary()}")
-    for line in unenforced(catalog, instance):
-        print(f"warning: {line}", file=sys.stderr)
-    return result
+def unenforced(catalog: MetadataCatalog, instance: dg.DagsterInstance | None, why: str | None = None) -> list[str]:
+    """A line per max_concurrent throttle that the instance will not enforce."""
+    desired = desired_limits(catalog)
+    if not desired:
+        return []
+    if why is None and instance is not None and not instance.event_log_storage.supports_global_concurrency_limits:
+        why = "the Dagster instance's storage does not support pools"
+    if why is not None:
+        return [f"throttle {pool} (max_concurrent {n}) is NOT enforced: {why}" for pool, n in sorted(desired.items())]
+    have = current_limits(instance)
+    return [f"throttle {pool} (max_concurrent {n}) is NOT enforced: the instance's pool limit is "
+            f"{have[pool][0] if pool in have else 'not set'}; run `lakehouse pools sync`"
+            for pool, n in sorted(desired.items()) if have.get(pool, (None, True)) != (n, False)]

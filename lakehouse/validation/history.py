@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from lakehouse.metadata.schema import check_results
 
 if TYPE_CHECKING:
+    from lakehouse.core import StageContext
     from lakehouse.metadata.store import MetadataStore
-    from lakehouse.runner import StageRunner
     from lakehouse.validation.rules import CheckOutcome
 
 
@@ -48,7 +48,7 @@ def record_results(store: MetadataStore, outcomes: list[CheckOutcome], *, run_id
     return len(rows)
 
 
-def record_outcomes(runner: StageRunner, outcomes: list[CheckOutcome]) -> None:
+def record_outcomes(runner: StageContext, outcomes: list[CheckOutcome]) -> None:
     """History rows for a stage run, plus one `checks` audit_log event summarising them."""
     record_results(runner.platform.store, outcomes, run_id=runner.run_id, dataset=runner.target.identifier,
                    pipeline_id=runner.stage.pipeline_id, stage_name=runner.stage.stage_name)

@@ -4,8 +4,8 @@ The quarantine table `<namespace>.<table>__quarantine` holds the input columns p
 `_failed_rules` (array of rule names), `_run_id`, `_quarantined_at` and `_quarantine_id`.
 It is written on the run's audit branch and published with the data, so a failed audit
 leaves both tables' `main` untouched and a re-run does not quarantine the same rows twice.
-`replay` re-validates quarantined rows with the current rules and moves the passing ones into
-the dataset through the same write-audit-publish path.
+`lakehouse.quarantine_replay.replay` re-validates quarantined rows with the current rules and
+moves the passing ones into the dataset through the same write-audit-publish path.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 from lakehouse.iceberg import IcebergTables, quote, retry_metadata_commit
 from lakehouse.ingest.files import CHECKPOINT_PROPERTY
 from lakehouse.metadata.model import Target
-from lakehouse.validation.rules import FAILED_RULES_COLUMN, acting_rules, tag_failures
+from lakehouse.validation.rules import FAILED_RULES_COLUMN
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from lakehouse.runner import Platform, StageRunner
+    from lakehouse.core import StageContext
+    from lakehouse.platform import Platform
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,21 @@ def quarantine_target(target: Target) -> Target:
                   description=f"rows of {target.identifier} that failed a quarantine rule")
 
 
+def align_to_table(df: DataFrame, table_schema) -> DataFrame:
+    """Add the table's columns the input lacks as typed NULLs (Iceberg writes resolve by name)."""
+    from pyspark.sql import functions as F
+
+    have = {c.lower() for c in df.columns}
+    for f in table_schema.fields:
+        if f.name.lower() not in have:
+            df = df.withColumn(f.name, F.lit(None).cast(f.dataType))
+    return df
+
+
 class QuarantineWriter:
     """Appends a run's quarantined rows to the audit branch of the quarantine table."""
 
-    def __init__(self, runner: StageRunner, tables: IcebergTables, branch: str):
+    def __init__(self, runner: StageContext, tables: IcebergTables, branch: str):
         self.runner = runner
         self.tables = tables
         self.branch = branch
@@ -56,8 +68,6 @@ class QuarantineWriter:
 
     def write(self, bad: DataFrame, batch_properties: dict[str, str] | None = None) -> int:
         from pyspark.sql import functions as F
-
-        from lakehouse.validation.wap import align_to_table
 
         rows = (bad.withColumn("_run_id", F.lit(self.runner.run_id))
                 .withColumn("_quarantined_at", F.current_timestamp())
@@ -136,69 +146,6 @@ class ReplayResult:
     still_failing_by_rule: dict[str, int] = field(default_factory=dict)
     snapshot_id: int | None = None
     published: bool = False
-
-
-def replay(platform: Platform, dataset: str, run_id: str | None = None, logger: logging.Logger | None = None
-           ) -> ReplayResult:
-    """Re-validate quarantined rows with the current rules; move the passing ones into the
-    dataset through write-audit-publish, then delete exactly those rows from quarantine.
-
-    Rows still failing a drop/quarantine rule stay in quarantine as they are. If the audit of the replayed rows fails, nothing moves (AuditFailed propagates).
-    """
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
-
-    from lakehouse.runner import Batch, StageRunner
-
-    target = resolve_dataset(platform, dataset)
-    catalog = platform.catalog()
-    stage = catalog.stage_for_target(target.target_id)
-    if stage is None:
-        raise KeyError(f"no stage writes dataset {dataset!r}: nothing to replay through")
-    run_id = run_id or f"replay_{uuid.uuid4().hex[:16]}"
-    result = ReplayResult(target.identifier, run_id)
-    q = read_quarantine(platform, dataset)
-    if q is None:
-        return result
-    runner = StageRunner(platform, stage.pipeline_id, stage.stage_name, run_id, logger)
-    rules = [r for r in runner.rules if r.enabled]
-    data_cols = [c for c in q.columns if c not in META_COLUMNS]
-    retagged = tag_failures(q.select(*[F.col(quote(c)) for c in data_cols], "_quarantine_id"), rules)
-    acting = F.array(*[F.lit(r.name) for r in acting_rules(rules)]) if acting_rules(rules) else None
-    passes = ~F.arrays_overlap(F.col(FAILED_RULES_COLUMN), acting) if acting is not None else F.lit(True)
-    retagged = retagged.withColumn("__passes", passes).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        counts = retagged.groupBy("__passes").count().collect()
-        by = {r["__passes"]: r["count"] for r in counts}
-        result.candidates = sum(by.values())
-        result.still_failing = by.get(False, 0)
-        for r in (retagged.where(~F.col("__passes")).select(F.explode(FAILED_RULES_COLUMN).alias("rule"))
-                  .groupBy("rule").count().collect()):
-            result.still_failing_by_rule[r["rule"]] = r["count"]
-        ok = retagged.where(F.col("__passes"))
-        ids = [r["_quarantine_id"] for r in ok.select("_quarantine_id").collect()]
-        if not ids:
-            return result
-        rows = ok.select(*[F.col(quote(c)) for c in data_cols])
-        runner.require_enabled("before quarantine replay")
-        runner.audit("quarantine_replay_started", details={"rows": len(ids)})
-        outcome = runner.write_audit_publish(
-            [Batch(rows, {"lakehouse.run_id": run_id, "lakehouse.replay_of": quarantine_identifier(target.identifier)},
-                   label="quarantine replay")],
-            quarantine=False,
-        )
-        result.replayed = outcome.rows_written
-        result.snapshot_id = outcome.snapshot_id
-        result.published = outcome.published
-        _delete_ids(platform, quarantine_identifier(target.identifier), ids)
-        runner.audit("quarantine_replayed", outcome="success",
-                     details={"replayed": result.replayed, "still_failing": result.still_failing})
-    finally:
-        retagged.unpersist()
-        from lakehouse import coordination
-
-        coordination.release_lease(platform, run_id, target.identifier)  # taken by write_audit_publish
-    return result
 
 
 def _delete_ids(platform: Platform, ident: str, ids: list[str]) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from lakehouse.iceberg import MAIN, IcebergTables, WriteResult, retry_metadata_commit
 from lakehouse.validation.file_metrics import FileMetrics, answerable_keys
+from lakehouse.validation.quarantine import QuarantineWriter, align_to_table
 from lakehouse.validation.rules import (
     ActionCounts,
     CheckOutcome,
@@ -28,20 +29,9 @@ from lakehouse.validation.rules import (
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from lakehouse.runner import Batch, StageRunner
+    from lakehouse.core import Batch, StageContext
 
 log = logging.getLogger(__name__)
-
-
-def align_to_table(df: DataFrame, table_schema) -> DataFrame:
-    """Add the table's columns the input lacks as typed NULLs (Iceberg writes resolve by name)."""
-    from pyspark.sql import functions as F
-
-    have = {c.lower() for c in df.columns}
-    for f in table_schema.fields:
-        if f.name.lower() not in have:
-            df = df.withColumn(f.name, F.lit(None).cast(f.dataType))
-    return df
 
 
 def _rule_may_be_at_fault(exc: BaseException) -> bool:
@@ -55,7 +45,7 @@ def _rule_may_be_at_fault(exc: BaseException) -> bool:
 class AuditedWrite:
     """One run's writes to one target, on its audit branch, until publish."""
 
-    def __init__(self, runner: StageRunner, tables: IcebergTables, branch: str, *, quarantine: bool = True,
+    def __init__(self, runner: StageContext, tables: IcebergTables, branch: str, *, quarantine: bool = True,
                  since: int | None | str = "now"):
         self.runner = runner
         self.tables = tables
@@ -118,7 +108,7 @@ class AuditedWrite:
             new = StructType([f for f in df.schema.fields if f.name in added])
             retry_metadata_commit(self.tables, self.ident, lambda: self.tables.add_missing_columns(self.ident, new))
         # files reconciled one by one before the write (lakehouse.ingest.prepare): what they added, which quarantined
-        report = getattr(self.runner, "ingest_report", None) or {}
+        report = self.runner.report
         added += [c for c in report.get("schema_added_columns", []) if c not in added]
         for d in self.drift.values():
             d.added.extend(c for c in added if c not in d.added)
@@ -227,8 +217,6 @@ class AuditedWrite:
 
     def _quarantine_writer(self):
         if self._quarantine is None:
-            from lakehouse.validation.quarantine import QuarantineWriter
-
             self._quarantine = QuarantineWriter(self.runner, self.tables, self.branch)
         return self._quarantine
 

@@ -1,0 +1,264 @@
+"""The ground floor of a stage run: the plan, the batches, the outcome and the step's context.
+
+Feature modules (ingest, validation, healing, lineage, export, alerts) receive a `StageContext`
+and return or fill these types; none of them imports `lakehouse.runner`, which sits above them
+and only orchestrates. That keeps the dependencies pointing down (docs/ARCHITECTURE.md) and
+lets a feature be tested with a context built from metadata, without the runner.
+
+Only metadata, settings and plain data live below this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from lakehouse.metadata.model import MetadataCatalog, Pipeline, Rule, Source, Stage, Target
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from lakehouse.iceberg import WriteResult
+    from lakehouse.platform import Platform
+    from lakehouse.validation.rules import CheckOutcome
+
+log = logging.getLogger("lakehouse.runner")
+
+#: the plan kind of a stage that reads Iceberg tables through its SQL (or has no source)
+SQL = "sql"
+#: the plan kind of an extract that a source/target kill switch skipped
+SKIPPED = "skipped"
+
+
+#: file checkpoint statuses: rows committed / zero bytes (nothing to read) / unreadable, kept out of the table
+PROCESSED, EMPTY, QUARANTINED = "processed", "empty", "quarantined"
+
+
+@dataclass(frozen=True)
+class FileRef:
+    key: str  # path relative to the landing root, or the S3 key
+    size: int
+    etag: str
+    local_path: str | None = None  # where Spark reads it (staged copy or the landing file itself)
+    status: str = PROCESSED
+    error: str | None = None
+
+    def as_checkpoint(self) -> dict:
+        d = {"key": self.key, "etag": self.etag, "size": self.size}
+        if self.status != PROCESSED:
+            d["status"] = self.status
+        if self.error:
+            d["error"] = self.error[:500]
+        return d
+
+    def with_status(self, status: str, error: str | None = None) -> FileRef:
+        return replace(self, status=status, error=error)
+
+
+class StageDisabled(RuntimeError):
+    """The control flags say this pipeline/stage must not run (or publish) now."""
+
+
+class DatasetDisabled(StageDisabled):
+    """The stage's source or target is switched off in control_flags: the step is skipped, not failed."""
+
+
+class AuditFailed(RuntimeError):
+    """A blocking (error-severity) rule failed: main is untouched, the branch is kept."""
+
+    def __init__(self, message: str, outcomes: list[CheckOutcome], branch: str):
+        super().__init__(message)
+        self.outcomes = outcomes
+        self.branch = branch
+
+
+class NoRecoveryPath(RuntimeError):
+    """No route into the dataset has every dataset on it available (lakehouse.lineage.recovery)."""
+
+    def __init__(self, message: str, routes: list | None = None):
+        super().__init__(message)
+        self.routes = routes or []
+
+
+@dataclass
+class Batch:
+    """One Iceberg commit's worth of input."""
+
+    df: DataFrame
+    snapshot_properties: dict[str, str] = field(default_factory=dict)
+    files: list[FileRef] = field(default_factory=list)
+    label: str = ""
+
+
+@dataclass
+class ExtractPlan:
+    """What the load step will read; small and picklable (it crosses the op boundary)."""
+
+    pipeline_id: str
+    stage_name: str
+    kind: str
+    files: list[FileRef] = field(default_factory=list)
+    upstream_snapshots: dict[str, int | None] = field(default_factory=dict)
+    staged_path: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    skipped_reason: str | None = None
+    source_id: str | None = None
+    main_at_plan: int | None = None  # the target's main when planned: the publish checks what came after
+
+
+@dataclass
+class StageOutcome:
+    pipeline_id: str
+    stage_name: str
+    target: Target
+    published: bool
+    branch: str
+    writes: list[WriteResult] = field(default_factory=list)
+    checks: list[CheckOutcome] = field(default_factory=list)
+    snapshot_id: int | None = None
+    rows_written: int = 0
+    quarantined_rows: int = 0
+    skipped_reason: str | None = None
+    duration_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def metadata(self) -> dict[str, Any]:
+        """Materialization metadata: what a person needs to trust the table, never secrets."""
+        md: dict[str, Any] = {
+            "table": f"{self.target.identifier}",
+            "snapshot_id": str(self.snapshot_id) if self.snapshot_id is not None else "none",
+            "rows_written": self.rows_written,
+            "commits": len(self.writes),
+            "write_mode": self.target.write_mode,
+            "published": self.published,
+            "audit_branch": self.branch,
+            "duration_s": round(self.duration_s, 3),
+        }
+        if self.target.partition_spec:
+            md["partition_spec"] = ", ".join(
+                p.transform + ("" if p.param is None else f"[{p.param}]") + f"({p.column})"
+                for p in self.target.partition_spec
+            )
+        if self.quarantined_rows:
+            md["quarantined_rows"] = self.quarantined_rows
+        if self.skipped_reason:
+            md["skipped_reason"] = self.skipped_reason
+        md.update(self.extra)
+        return md
+
+
+@dataclass
+class HealingState:
+    """What self-healing changed for the rest of this step (lakehouse.control.healing writes it,
+    the runner and the source adapters read it)."""
+
+    batch_scale: float = 1.0
+    quarantined_files: dict[str, str] = field(default_factory=dict)  # file key -> reason
+    attempts: Counter = field(default_factory=Counter)  # healing_id -> attempts
+    total_attempts: int = 0
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def effective_batch(self, configured: int) -> int:
+        return max(1, int(configured * self.batch_scale))
+
+    def summary(self) -> dict[str, Any]:
+        """For materialization metadata: short, no secrets (messages are truncated)."""
+        out: dict[str, Any] = {"healing_attempts": self.total_attempts}
+        if self.events:
+            out["healing"] = self.events
+        if self.quarantined_files:
+            out["quarantined_files"] = sorted(self.quarantined_files)
+        if self.batch_scale != 1.0:
+            out["batch_scale"] = self.batch_scale
+        return out
+
+
+def resolve_source(catalog: MetadataCatalog, dataset_id: str) -> Source | None:
+    """What a stage reads for a dataset id: the source itself, or a target read as an Iceberg table
+    (a recovery upstream or a declared replica)."""
+    src = next((s for s in catalog.sources if s.source_id == dataset_id), None)
+    if src is not None:
+        return src
+    tgt = next((t for t in catalog.targets if t.target_id == dataset_id and t.kind == "iceberg"), None)
+    if tgt is not None:
+        return Source(source_id=dataset_id, kind="iceberg", table_identifier=tgt.identifier,
+                      description=f"target {dataset_id} read as a recovery upstream")
+    return None
+
+
+class StageContext:
+    """One stage of one pipeline in one run, as the feature modules see it.
+
+    It carries the step's identity (run id, stage, pipeline, source, target), the run's tags, an
+    audit sink (`audit`), and the state of this step that several features share: the ingest
+    report, the batch being written, the batches read so far, what healing changed and where
+    recovery pointed the read. Two hooks are bound by the orchestrator above (lakehouse.runner),
+    so features below it reach the source adapters and the lineage reroute without importing
+    them: `adapter_for(kind)` and `reroute(error)`.
+    """
+
+    def __init__(self, platform: Platform, pipeline_id: str, stage_name: str, run_id: str | None = None,
+                 logger: logging.Logger | None = None, *, catalog: MetadataCatalog | None = None,
+                 run_tags: dict[str, str] | None = None):
+        self.platform = platform
+        self.run_id = run_id or uuid.uuid4().hex
+        self.log = logger or log
+        self.catalog = catalog if catalog is not None else platform.catalog()
+        self.stage: Stage = self.catalog.stage(pipeline_id, stage_name)
+        self.pipeline: Pipeline = self.catalog.pipeline(pipeline_id)
+        self.target: Target = self.catalog.target(self.stage.target_id)
+        self.run_tags: dict[str, str] = dict(run_tags or {})  # e.g. the arrival sensor's lakehouse/arrival_batch
+        self.source_override: str | None = None  # set by a lineage reroute (lakehouse.lineage.recovery)
+        self.table_overrides: dict[str, str] = {}  # SQL upstream -> replica (recovery.sql_table_overrides)
+        self.healing = HealingState()  # what self-healing changed for this step
+        self.report: dict[str, Any] = {}  # the ingest report: quarantined / empty files, schema changes
+        self.batches_read = 0  # file batches read so far in this step (crash points tell first from later)
+        self.current_batch: Batch | None = None  # the batch being written when an error happened
+        self.adapter_for: Callable[[str], Any] | None = None  # lakehouse.sources.adapter_for
+        self.reroute: Callable[[BaseException], Any] | None = None
+
+    @property
+    def source(self) -> Source | None:
+        if self.source_override:
+            return resolve_source(self.catalog, self.source_override)
+        sid = self.stage.source_id
+        if sid is None:
+            return None
+        return next((s for s in self.catalog.sources if s.source_id == sid), None)
+
+    @property
+    def source_kind(self) -> str:
+        """The adapter kind this step reads with: a source's kind, or `sql` for a transformation."""
+        src = self.source
+        return SQL if src is None or self.stage.transformation else src.kind
+
+    def adapter(self) -> Any:
+        """The source adapter (lakehouse.sources.base.SourceAdapter) of what this step reads now;
+        it changes when recovery reroutes. Typed loosely: the ground floor knows no adapter."""
+        if self.adapter_for is None:
+            raise RuntimeError("no source adapter registry bound to this stage context (lakehouse.runner binds it)")
+        return self.adapter_for(self.source_kind)
+
+    @property
+    def rules(self) -> list[Rule]:
+        if not self.stage.validation_set_id:
+            return []
+        return self.catalog.rule_set(self.stage.validation_set_id).rules
+
+    def schema_policy(self) -> str:
+        """The stage's schema policy: its schema_contract rule's `schema_policy`, else the target's
+        table property `lakehouse.schema_policy`, else `evolve`."""
+        for r in self.rules:
+            if r.type == "schema_contract" and r.enabled:
+                return r.schema_policy
+        return self.target.table_properties.get("lakehouse.schema_policy", "evolve")
+
+    def audit(self, event: str, **fields: Any) -> None:
+        """The audit sink: one audit_log row naming this run, stage and dataset."""
+        self.platform.store.audit(run_id=self.run_id, pipeline_id=self.stage.pipeline_id,
+                                  stage_name=self.stage.stage_name, dataset=self.target.identifier,
+                                  event=event, **fields)

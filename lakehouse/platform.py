@@ -1,0 +1,90 @@
+"""`Platform`: everything a stage needs from the outside world, built from settings.
+
+Low in the package: settings, the control DB (metadata store), Spark, the Iceberg catalog and
+the S3 clients, each built lazily on first use. Feature modules and the runner receive it;
+it knows nothing of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from lakehouse.iceberg import IcebergTables
+from lakehouse.metadata.model import MetadataCatalog
+from lakehouse.metadata.store import MetadataStore
+from lakehouse.s3access import S3Clients, s3_resource
+from lakehouse.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("lakehouse.runner")
+
+
+@dataclass
+class Platform:
+    """Everything a stage needs from the outside world, built from settings.
+
+    `s3_clients`: the S3 client provider (lakehouse.s3access); the Dagster layer injects one made
+    from its `S3Resource`; otherwise `s3` makes one on first use from the same resource class
+    configured by settings (importing dagster-aws only when S3 is used).
+    """
+
+    settings: Settings
+    store: MetadataStore
+    s3_clients: S3Clients | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        from lakehouse.fileperms import apply_umask
+
+        apply_umask()  # what the platform creates is owner-only (LAKEHOUSE_UMASK)
+
+    @property
+    def s3(self) -> S3Clients:
+        if self.s3_clients is None:
+            self.s3_clients = S3Clients.from_resource(s3_resource(self.settings))
+        return self.s3_clients
+
+    @classmethod
+    def from_env(cls, s3_clients: S3Clients | None = None) -> Platform:
+        s = load_settings()
+        return cls(s, MetadataStore(s.control_db_url), s3_clients)
+
+    def spark(self) -> SparkSession:
+        from lakehouse.spark import get_spark
+
+        return get_spark(self.settings)
+
+    def warm_spark(self) -> threading.Thread:
+        """Start the process's SparkSession and its Iceberg catalog in the background (a cold JVM
+        takes seconds); the first `spark()` call waits for the session. A failure here is left
+        for that call to raise."""
+
+        def start() -> None:
+            try:
+                from lakehouse.iceberg import quote
+
+                # the first statement initializes Spark SQL and the Iceberg catalog: seconds more
+                self.spark().sql(f"SHOW NAMESPACES IN {quote(self.settings.catalog_name)}").collect()
+            except Exception:  # noqa: BLE001 - reported by the caller's own spark() call
+                log.debug("background Spark start failed", exc_info=True)
+
+        thread = threading.Thread(target=start, name="spark-warmup", daemon=True)
+        thread.start()
+        return thread
+
+    def tables(self) -> IcebergTables:
+        # Spark is started on first use only: planning and skipping read metadata with PyIceberg
+        return IcebergTables(self.spark, self.settings.catalog_name, self.pyiceberg_catalog())
+
+    def pyiceberg_catalog(self):
+        """PyIceberg view of the same catalog (same name, same database): metadata reads without Spark."""
+        from lakehouse.catalog import pyiceberg_catalog
+
+        return pyiceberg_catalog(self.settings)
+
+    def catalog(self) -> MetadataCatalog:
+        return self.store.load()

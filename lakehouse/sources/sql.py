@@ -1,0 +1,80 @@
+"""Stages that read Iceberg tables through their SQL (a transformation, or no source at all)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from lakehouse.core import SQL, Batch, ExtractPlan, StageContext
+from lakehouse.errors import ConfigurationError
+from lakehouse.sources.base import SourceAdapter, register
+from lakehouse.sources.iceberg import probe_table
+from lakehouse.sqlparse import rewrite_tables, tables_in_sql
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from lakehouse.metadata.model import Source
+    from lakehouse.platform import Platform
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def upstream_identifiers(ctx: StageContext) -> list[str]:
+    """The Iceberg tables the stage reads (from its SQL, its iceberg source or an upstream target)."""
+    if ctx.stage.transformation:
+        return tables_in_sql(ctx.stage.transformation)
+    src = ctx.source
+    if src is None:
+        return []
+    if src.kind == "iceberg":
+        return [src.table_identifier]
+    up = ctx.catalog.target(src.source_id) if any(t.target_id == src.source_id for t in ctx.catalog.targets) else None
+    return [up.identifier] if up else []
+
+
+@register
+class SqlAdapter(SourceAdapter):
+    kind = SQL
+
+    def plan(self, ctx: StageContext, src: Source | None, plan: ExtractPlan) -> None:
+        """Pin every upstream table at its current snapshot (a replica's, when recovery swapped it)."""
+        tables = ctx.platform.tables()
+        plan.upstream_snapshots = {ident: tables.snapshot_id(ctx.table_overrides.get(ident, ident))
+                                   for ident in upstream_identifiers(ctx)}
+
+    def batches(self, ctx: StageContext, plan: ExtractPlan) -> Iterator[Batch]:
+        yield Batch(self.run_sql(ctx, plan), {"lakehouse.upstream": _json(plan.upstream_snapshots)}, label="sql")
+
+    def run_sql(self, ctx: StageContext, plan: ExtractPlan) -> DataFrame:
+        """The stage's SQL over temp views of the pinned snapshots (identifiers never pasted raw)."""
+        from pyspark.errors import AnalysisException
+
+        spark = ctx.platform.spark()
+        cat = ctx.platform.settings.catalog_name
+        mapping = {}
+        overrides = plan.details.get("table_overrides", {})  # an unavailable upstream read from its replica
+        for ident, snap in plan.upstream_snapshots.items():
+            view = "__lh_" + ident.replace(".", "__") + "_" + "".join(c if c.isalnum() else "_" for c in ctx.run_id[:8])
+            reader = spark.read.format("iceberg")
+            if snap is not None:
+                reader = reader.option("snapshot-id", str(snap))
+            reader.load(f"{cat}.{overrides.get(ident, ident)}").createOrReplaceTempView(view)
+            mapping[ident.lower()] = view
+        sql = ctx.stage.transformation or f"SELECT * FROM {next(iter(mapping.values()))}"
+        try:
+            return spark.sql(rewrite_tables(sql, mapping))
+        except AnalysisException as exc:  # the SQL does not fit the tables: a retry would fail the same way
+            raise ConfigurationError(
+                f"stage {ctx.stage.pipeline_id}.{ctx.stage.stage_name}: its SQL does not fit the tables it reads "
+                f"as they are now: {str(exc).strip().splitlines()[0][:500]}. Fix the SQL (or the upstream "
+                "tables), then run again") from exc
+
+    def probe(self, platform: Platform, src: Source | None) -> tuple[bool, str]:
+        """A SQL stage reads Iceberg tables: the one named (its iceberg source), if any."""
+        if src is not None and src.table_identifier:
+            return probe_table(platform, src.table_identifier)
+        return True, "reads Iceberg tables; each upstream is probed when the stage is planned"

@@ -1,0 +1,72 @@
+"""`lakehouse run`: materialize a pipeline headless through the Definitions the UI loads.
+
+It executes a Dagster job, so it belongs to the Dagster layer: the domain CLI (lakehouse.cli)
+gets it through the `lakehouse.cli` entry-point group declared in pyproject.toml and never
+imports this package (an import-linter contract checks that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from lakehouse.alerts import run_finished
+from lakehouse.cli import _env_flag as env_flag
+from lakehouse.dagster_runs import failure_summary
+from lakehouse.metadata.derived import read_structure
+from lakehouse.platform import Platform
+from lakehouse.spark import release_jvm_at_exit
+from lakehouse.throughput.instance import headless_instance, run_tags
+
+
+def cmd_run(args) -> int:
+    """Materialize a pipeline headless through the same Definitions the UI loads, on the persistent
+    Dagster instance (so pools hold), and end with the per-stage summary (lakehouse.run_summary)."""
+    # Dagster is imported here, not when the parser is built: every other command starts without it
+    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.run_summary import record, stage_keys, summarize
+
+    platform = Platform.from_env()
+    if env_flag("LAKEHOUSE_SPARK_WARMUP", True):
+        # the JVM starts on the other core while Dagster is imported and the job is built; with
+        # LAKEHOUSE_SPARK_WARMUP=0 it starts only when a step needs it (a run with nothing to load,
+        # e.g. one of several concurrent runs whose files others claimed, then never starts one)
+        platform.warm_spark()
+    # this pipeline's rows (and the throttles), not every pipeline's: a run's cost does not grow with the platform
+    catalog = read_structure(platform.store, [args.pipeline]).catalog
+    if not any(p.pipeline_id == args.pipeline for p in catalog.pipelines):
+        platform.store.load(["pipelines"]).pipeline(args.pipeline)  # unknown id -> KeyError naming the known ones
+    catalog = catalog.model_copy(update={"throttles": platform.store.load(["throttles"]).throttles})
+    headless = headless_instance(platform.settings, catalog, ephemeral=args.ephemeral)
+    for note in headless.notes:
+        print(f"warning: {note}", file=sys.stderr)
+    defs = build_definitions(platform, pipelines=[args.pipeline])  # this pipeline's stages, not every pipeline's
+    job = defs.resolve_job_def(f"{args.pipeline}_job")
+    quiet = {} if args.verbose else {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    result = job.execute_in_process(instance=headless.instance, raise_on_error=False, run_config=quiet,
+                                    tags={"lakehouse/pipeline": args.pipeline, "lakehouse/launched_by": "cli",
+                                          **run_tags()})
+    summary = summarize(result.all_events, result.run_id, job.name,
+                        stage_keys(catalog, args.pipeline, job.asset_layer.selected_asset_keys))
+    record(headless.instance if headless.persistent else None, platform, summary, args.pipeline)
+    print(summary.table())
+    if not result.success:  # no daemon may be watching this instance: raise the run-failure alert here
+        run = headless.instance.get_run_by_id(result.run_id)
+        message, failed = failure_summary(headless.instance, run.run_id, f"run {result.run_id} failed", catalog)
+        run_finished(platform.store, run_id=result.run_id, status="FAILURE", job_name=run.job_name,
+                     tags=dict(run.tags), message=message, failed=failed)
+    release_jvm_at_exit()  # a JVM still starting (nothing needed it) would keep a core busy after we exit
+    return summary.exit_code
+
+
+def register(sub) -> None:
+    """The `run` subcommand, added to the `lakehouse` parser (entry point `lakehouse.cli`)."""
+    r = sub.add_parser("run", help="materialize a pipeline headless (same code as the UI); exit 0 success, "
+                                   "3 success with warnings (a warn check failed, rows quarantined), 1 failure")
+    r.add_argument("pipeline")
+    r.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="print Dagster's event stream (default: only warnings, then the summary)")
+    r.add_argument("--ephemeral", action="store_true",
+                   help="use a throwaway Dagster instance (pools, i.e. max_concurrent throttles, are NOT enforced) "
+                        "instead of $DAGSTER_HOME or $LAKEHOUSE_HOME/dagster_home")
+    r.set_defaults(func=cmd_run)
