@@ -172,7 +172,7 @@ def test_runner_reroute_sets_override_and_reuses_it_in_the_run(replica_platform)
     settings = replica_platform.settings
     generate_user_events(settings.landing_dir / "user_events_replica", rows=100, files=1, seed=3)
     runner = StageRunner(replica_platform, "user_events_etl", "bronze_ingest", run_id="runx0001")
-    decision = reroute(runner, runner.stage.target_id, error=RuntimeError("source read failed"))
+    decision = reroute(runner.platform, runner.stage.target_id, ctx=runner, error=RuntimeError("source read failed"))
     assert decision.from_dataset_id == "user_events_raw" and decision.to_dataset_id == "user_events_replica"
     assert runner.source.source_id == "user_events_replica"
     # a retry in the same run (a new runner) reads the replica too, without probing again

@@ -10,6 +10,7 @@ import pytest
 
 from lakehouse import coordination
 from lakehouse.core import SQL, ExtractPlan, FileRef, StageContext
+from lakehouse.ingest.paths import PathEscape
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.model import Source
 from lakehouse.metadata.store import MetadataStore
@@ -100,6 +101,24 @@ def test_the_files_adapter_probe_and_remainder(settings, tmp_path):
     taken = PublishResult(published=False, snapshot_id=None,
                           overlap=Overlap(files={"other-run": {("a", "e1")}}, covers_all=False))
     assert [f.key for f in adapter.remainder(plan, taken).files] == ["b"]
+
+
+def test_the_entity_raw_adapter_finds_request_files_through_the_applications_source(settings, tmp_path):
+    platform = _platform(settings, tmp_path)
+    src = platform.catalog().source("landing")
+    landing = settings.landing_dir / "events"
+    (landing / "a").mkdir(parents=True)
+    for name in ("a/1.jsonl", "a/2.jsonl", "b.txt", "c.txt"):
+        (landing / name).write_text("x\n")
+    adapter = adapter_for("entity_raw")
+    files, location = adapter.find_files(platform, src, ["b.txt"], ["a/*.jsonl"], "load request for 'app'")
+    assert [f.key for f in files] == ["a/1.jsonl", "a/2.jsonl", "b.txt"] and location == f"file://{landing}/"
+    assert all(f.local_path == str(landing / f.key) for f in files)
+    assert adapter.stage_files(platform, src, files, location, "r1", "entity_raw x") == (files, None)
+    with pytest.raises(PathEscape, match="load request for 'app': file key '../meta.yaml' is refused"):
+        adapter.find_files(platform, src, ["../meta.yaml"], [], "load request for 'app'")
+    with pytest.raises(FileNotFoundError, match="file key 'nope.txt' not found"):
+        adapter.find_files(platform, src, ["nope.txt"], [], "load request for 'app'")
 
 
 @pytest.mark.slow  # moto_server is a server process

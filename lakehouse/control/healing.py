@@ -30,8 +30,6 @@ from lakehouse.core import HealingState, NoRecoveryPath, StageContext
 from lakehouse.errors import ErrorInfo, classify
 from lakehouse.metadata.model import HealingAction
 
-__all__ = ["ACTIONS", "ActionContext", "ActionResult", "HealingState", "run_with_healing"]
-
 T = TypeVar("T")
 
 DEFAULT_GLOBAL_CAP = 10

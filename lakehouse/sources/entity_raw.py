@@ -31,9 +31,6 @@ class EntityRawAdapter(SourceAdapter):
     def probe(self, platform: Platform, src: Source) -> tuple[bool, str]:
         return _files_of(src).probe(platform, src)
 
-    def is_unavailable(self, exc: BaseException) -> bool:
-        return _files_of(None).is_unavailable(exc)
-
     def list_files(self, platform: Platform, src: Source) -> list[FileRef]:
         return _files_of(src).list_files(platform, src)
 
