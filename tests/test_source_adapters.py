@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import typing
 
+import dagster as dg
 import pytest
+from dagster_aws.s3 import S3Resource
 
 from lakehouse import coordination
 from lakehouse.core import SQL, ExtractPlan, FileRef, StageContext
@@ -19,6 +21,8 @@ from lakehouse.publish import Overlap, PublishResult
 from lakehouse.s3access import S3Clients
 from lakehouse.sources import adapter_for, kinds
 from lakehouse.sources.base import SourceAdapter, register
+from lakehouse_assets.definitions import _resources
+from resources import LakehouseResource
 
 META = """
 pipelines:
@@ -123,8 +127,6 @@ def test_the_entity_raw_adapter_finds_request_files_through_the_applications_sou
 
 @pytest.mark.slow  # moto_server is a server process
 def test_the_s3_adapter_plans_and_stages_through_the_s3_resource(settings, tmp_path, s3_server, monkeypatch):
-    from dagster_aws.s3 import S3Resource
-
     monkeypatch.delenv("LAKEHOUSE_S3_ENDPOINT_URL", raising=False)
     bucket = s3_server.new_bucket()
     client = s3_server.client()
@@ -148,3 +150,27 @@ def test_the_s3_adapter_plans_and_stages_through_the_s3_resource(settings, tmp_p
     assert made[-1] == (s3_server.endpoint_url, 1)  # a probe makes a single attempt
     gone = ctx.source.model_copy(update={"bucket": "no-such-bucket-here"})
     assert adapter_for("s3").probe(platform, gone)[0] is False
+
+
+def test_dagster_steps_get_their_s3_clients_from_the_s3_resource(settings, monkeypatch):
+    """The S3Resource nested in LakehouseResource is what a step's platform makes clients from;
+    the code location configures its endpoint from settings; no credential is configuration."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "from-env")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret-from-env")
+    monkeypatch.setenv("LAKEHOUSE_S3_ENDPOINT_URL", "http://127.0.0.1:9")
+    configured = _resources()["lakehouse"]
+    assert configured.s3.endpoint_url == "http://127.0.0.1:9"
+    assert configured.s3.aws_secret_access_key is None and configured.s3.aws_access_key_id is None
+    seen = {}
+
+    @dg.asset
+    def probe_endpoint(lakehouse: LakehouseResource) -> None:
+        platform = lakehouse.platform()
+        client = platform.s3.for_source(None)
+        seen["endpoint"] = client.meta.endpoint_url
+        seen["same_client"] = client is platform.s3.for_source(None)
+        seen["key"] = client._request_signer._credentials.access_key
+
+    resource = LakehouseResource(s3=S3Resource(endpoint_url="http://127.0.0.1:7", region_name="us-east-1"))
+    assert dg.materialize([probe_endpoint], resources={"lakehouse": resource}).success
+    assert seen == {"endpoint": "http://127.0.0.1:7", "same_client": True, "key": "from-env"}
