@@ -33,7 +33,8 @@ EXPECTED_OWN_TABLES = {
     "lakehouse.alerts": ("alerts_table", "alert_runs", "alert_deliveries"),
     "lakehouse.throughput.ratelimit": ("buckets",),
     "lakehouse.ingest.checkpoints": ("file_checkpoints", "checkpoint_marks"),
-    "lakehouse.ingest.s3": ("arrival_requests", "ingest_cursors"),
+    "lakehouse.ingest.s3": ("ingest_cursors",),
+    "lakehouse.ingest.arrivals": ("arrival_requests",),
     "lakehouse.branches": ("kept_branches", "orphan_sweeps"),
     "lakehouse.coordination": ("run_leases", "work_claims"),
 }

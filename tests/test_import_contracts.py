@@ -25,14 +25,6 @@ from importlinter.application.user_options import UserOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: import cycles that exist on purpose for now, each with the reason and what removes it; the
-#: test fails when one of them disappears too (so the entry goes with it)
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"lakehouse.metadata.store", "lakehouse.metadata.derived"}):
-        "apply refreshes derived_stages in its transaction, and derived reads the tables store defines; "
-        "goes when the tables move to one schema module (issue 18 item 4)",
-}
-
 configuration.configure()
 
 
@@ -55,7 +47,7 @@ def import_cycles(package: str) -> list[str]:
                 g.add_edge(module, imported)
     found = []
     for component in nx.strongly_connected_components(g):
-        if len(component) < 2 or frozenset(component) in KNOWN_CYCLES:
+        if len(component) < 2:
             continue
         cycle = nx.find_cycle(g.subgraph(component))
         hops = []
@@ -77,14 +69,6 @@ def test_no_import_cycles_inside_lakehouse():
     cycles = import_cycles("lakehouse")
     assert not cycles, "import cycles in lakehouse (break them: the lower module must not know the higher):\n" + (
         "\n".join(cycles))
-
-
-def test_the_known_cycles_still_exist():
-    graph = grimp.build_graph("lakehouse", cache_dir=None)
-    for members, why in KNOWN_CYCLES.items():
-        a, *rest = sorted(members)
-        assert all(graph.chain_exists(a, b) and graph.chain_exists(b, a) for b in rest), (
-            f"the known cycle {sorted(members)} ({why}) is gone: remove it from KNOWN_CYCLES")
 
 
 # ------------------------------------------------------------------ the checks can fail

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 
@@ -32,10 +32,22 @@ from lakehouse.metadata.derive import (
     stage_inputs_hash,
     stage_upstreams,
 )
-from lakehouse.metadata.model import MetadataCatalog
-from lakehouse.metadata.store import TABLES, MetadataStore, derived_stages
+from lakehouse.metadata.model import Entity, MetadataCatalog
+from lakehouse.metadata.schema import TABLES, derived_stages
 
 log = logging.getLogger(__name__)
+
+
+class MetadataStore(Protocol):
+    """What derive_now / read_structure need of lakehouse.metadata.store.MetadataStore, typed here:
+    the store calls `refresh` inside apply, so this module must not import it back."""
+
+    url: str
+    engine: sa.Engine
+
+    def load(self, sections: Iterable[str] | None = None) -> MetadataCatalog: ...
+
+    def entity(self, section: str, row: Mapping[str, Any]) -> Entity: ...
 
 #: the tables whose rows a stage's derivation reads
 INPUT_SECTIONS = frozenset({"stages", "targets", "sources", "validation_rules"})
