@@ -5,7 +5,8 @@ and return or fill these types; none of them imports `lakehouse.runner`, which s
 and only orchestrates. That keeps the dependencies pointing down (docs/ARCHITECTURE.md) and
 lets a feature be tested with a context built from metadata, without the runner.
 
-Only metadata, settings and plain data live below this module.
+Below it sit only the platform's services (metadata, settings, Iceberg, S3, Spark: `Platform`)
+and the rule types it names; import-linter's layers contract in pyproject.toml keeps it so.
 """
 
 from __future__ import annotations
