@@ -40,7 +40,7 @@ from lakehouse.metadata.model import Maintenance
 if TYPE_CHECKING:
     from lakehouse.iceberg import IcebergTables
     from lakehouse.metadata.model import MetadataCatalog, Target
-    from lakehouse.runner import Platform
+    from lakehouse.platform import Platform
 
 log = logging.getLogger(__name__)
 
