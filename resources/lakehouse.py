@@ -19,7 +19,7 @@ class LakehouseResource(dg.ConfigurableResource):
     credentials stay in the environment, read by boto3 when a client is made, never shown).
     """
 
-    s3: S3Resource
+    s3: S3Resource | None = None  # None: the same resource class configured from settings (as the CLI)
 
     @classmethod
     def from_settings(cls) -> LakehouseResource:
@@ -27,4 +27,4 @@ class LakehouseResource(dg.ConfigurableResource):
         return cls(s3=s3_resource(None))
 
     def platform(self) -> Platform:
-        return Platform.from_env(S3Clients.from_resource(self.s3))
+        return Platform.from_env(S3Clients.from_resource(self.s3) if self.s3 is not None else None)

@@ -72,7 +72,7 @@ def test_dashboard_shows_pass_rates_failures_quarantine_and_branches(two_runs):
     assert ov.dataset("gold.daily_user_events").open_audit_branches == []
 
     # the dashboard asset publishes exactly this as materialization metadata
-    result = dg.materialize([data_quality_dashboard], resources={"lakehouse": LakehouseResource.from_settings()})
+    result = dg.materialize([data_quality_dashboard], resources={"lakehouse": LakehouseResource()})
     assert result.success
     mat = result.asset_materializations_for_node(data_quality_dashboard.op.name)[0]
     assert mat.asset_key == DASHBOARD_KEY
@@ -119,7 +119,7 @@ def test_refresh_sensor_requests_dashboard_after_a_finished_run(settings, tmp_pa
         ctx = dg.build_sensor_context(instance=instance, cursor=ctx.cursor)
         assert isinstance(dashboard_refresh_sensor(ctx), dg.SkipReason)  # nothing new since
         own = dg.materialize([data_quality_dashboard], instance=instance, tags={"lakehouse/dashboard": "refresh"},
-                             resources={"lakehouse": LakehouseResource.from_settings()})
+                             resources={"lakehouse": LakehouseResource()})
         assert own.success
         ctx = dg.build_sensor_context(instance=instance, cursor=ctx.cursor)
         assert isinstance(dashboard_refresh_sensor(ctx), dg.SkipReason)  # its own runs do not re-trigger it
