@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.resources
 import os
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from lakehouse.fileperms import apply_umask, hadoop_umask
@@ -13,6 +15,7 @@ from lakehouse.sqlite_files import prepare_sqlite
 
 _LOCK = threading.Lock()
 _SESSION = None  # the process-wide session
+_THREAD = threading.local()  # per thread: what waits for the session (`when_started`)
 
 # Debian's libxerial-sqlite-jdbc-java / libpostgresql-jdbc-java put their drivers here.
 SYSTEM_JDBC_JARS = ("/usr/share/java/sqlite-jdbc.jar", "/usr/share/java/postgresql.jar")
@@ -104,19 +107,46 @@ def get_spark(settings: Settings, app_name: str = "lakehouse"):
 
     global _SESSION
     with _LOCK:
-        active = _SESSION
-        if active is not None and active.sparkContext._jsc is not None:
-            _ensure_catalog(active, settings)
-            return active
-        builder = SparkSession.builder
-        for k, v in spark_conf(settings, app_name).items():
-            builder = builder.config(k, v)
-        _prepare_local_dirs(settings)
-        spark = builder.getOrCreate()
-        spark.sparkContext.setLogLevel(os.environ.get("LAKEHOUSE_SPARK_LOG_LEVEL", "WARN"))
-        _SESSION = spark
-        _renew_sqlite_catalog_pool(spark, settings)
-        return spark
+        spark = _SESSION
+        if spark is not None and spark.sparkContext._jsc is not None:
+            _ensure_catalog(spark, settings)
+        else:
+            builder = SparkSession.builder
+            for k, v in spark_conf(settings, app_name).items():
+                builder = builder.config(k, v)
+            _prepare_local_dirs(settings)
+            spark = builder.getOrCreate()
+            spark.sparkContext.setLogLevel(os.environ.get("LAKEHOUSE_SPARK_LOG_LEVEL", "WARN"))
+            _SESSION = spark
+            _renew_sqlite_catalog_pool(spark, settings)
+    waiting = getattr(_THREAD, "waiting", None)
+    if waiting:
+        callbacks = list(waiting)
+        waiting.clear()
+        for callback in callbacks:
+            callback(spark)
+    return spark
+
+
+def active_session():
+    """The process's SparkSession if it is up, else None: never starts one, never waits for one
+    being started (`lakehouse run` warms one up on another thread)."""
+    spark = _SESSION
+    return spark if spark is not None and spark.sparkContext._jsc is not None else None
+
+
+@contextmanager
+def when_started(callback: Callable) -> Iterator[None]:
+    """Inside the block, `callback(session)` runs on this thread when this thread first gets the
+    session from `get_spark` — so per-thread Spark settings (a job group) can wait for the JVM
+    instead of starting it: a step with no Spark work never starts or waits for one."""
+    waiting = _THREAD.__dict__.setdefault("waiting", [])
+    waiting.append(callback)
+    try:
+        yield
+    finally:
+        if callback in waiting:
+            waiting.remove(callback)
 
 
 def _ensure_catalog(spark, settings: Settings) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,6 +17,7 @@ import pytest
 from lakehouse.control import faults
 from lakehouse.errors import STEP_TIMEOUT, StepTimeout
 from lakehouse.ingest.checkpoints import Checkpoints
+from lakehouse.ingest.files import PROCESSED
 from lakehouse.ingest.prepare import SchemaPolicyViolation
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.runner import AuditFailed, StageRunner
@@ -111,6 +113,57 @@ def test_a_drifted_file_is_quarantined_alone_and_never_replanned(platform, tmp_p
     assert plan.skipped_reason and out.rows_written == 0
 
 
+def test_quoted_decimals_in_json_lines_load_into_a_decimal_column(platform, tmp_path, unique_ns):
+    """A JSON source whose amounts are strings ("12.50", as many exporters write decimals) loads
+    into its declared decimal column, as Spark's JSON reader reads it; a file with an amount
+    Spark cannot read as that decimal is quarantined alone, naming line, column and value."""
+    ident = apply(platform, tmp_path, unique_ns, fmt="jsonl",
+                  source_extra=', columns: [{name: id, type: string}, {name: amount, type: "decimal(8,2)"}]')
+    land(platform, "a.jsonl", [{"id": "a0", "amount": "12.50"}, {"id": "a1", "amount": "1,234.5"},
+                               {"id": "a2", "amount": 3.25}, {"id": "a3", "amount": None}])
+    land(platform, "b.jsonl", [{"id": "b0", "amount": "12.5"}, {"id": "b1", "amount": "n/a"}])
+    r, _, out = run(platform)
+    assert out.published and out.rows_written == 4
+    rows = {x["id"]: x["amount"] for x in table_rows(platform, ident)}
+    assert rows == {"a0": Decimal("12.50"), "a1": Decimal("1234.50"), "a2": Decimal("3.25"), "a3": None}
+    assert status(platform, ident)["b.jsonl"] == (
+        "quarantined", 'line 2: column amount: value "n/a" cannot be read as decimal(8,2)')
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_the_probe_passes_exactly_the_decimals_spark_reads(spark, tmp_path, fmt):
+    """The probe's decimal check against Spark's own reader (FAILFAST, the platform's reader options),
+    spelling by spelling: a value the probe passes must load, a value it refuses must fail in Spark."""
+    from pyspark.sql.types import DecimalType, StructField, StructType
+
+    from lakehouse.ingest.prepare import _reader
+    from lakehouse.ingest.probe import probe_file
+    from lakehouse.metadata.model import FileLimits, Source
+
+    texts = ["12.50", "-1,234.5", ".5", "+3.", "1E+2", "9999.994", "9999.995", "-0.004", " 12.5", "12.5 ",
+             "NaN", "Infinity", "1_000", "abc", "0x10", "1e-400", "12.5.1", "1,2,3"]
+    if fmt == "jsonl":  # as JSON strings, plus bare JSON numbers
+        values = [json.dumps(t) for t in texts] + ["12.345", "99999.99", "100000", "1e2", "-7"]
+    else:
+        values = [f'"{t}"' for t in texts]
+    source = Source(source_id="s", kind="files", format=fmt, path="x")
+    schema = StructType([StructField("amount", DecimalType(6, 2))])
+    verdicts = {}
+    for i, v in enumerate(values):
+        path = tmp_path / f"v{i}.{fmt}"
+        path.write_text(f'{{"amount": {v}}}\n' if fmt == "jsonl" else f"amount\n{v}\n")
+        probed = probe_file(path, fmt, limits=FileLimits(), expect={"amount": schema["amount"].dataType})
+        try:
+            _reader(spark, source, schema, [str(path)]).collect()
+            read = True
+        except Exception:  # noqa: BLE001 - Spark refused the value
+            read = False
+        verdicts[v] = (probed.status == PROCESSED, read)
+    assert {v: p for v, (p, _) in verdicts.items()} == {v: r for v, (_, r) in verdicts.items()}
+    assert sum(r for _, r in verdicts.values()) >= 6  # both kinds of verdict were exercised
+    assert sum(not r for _, r in verdicts.values()) >= 6
+
+
 def test_no_column_is_lost_even_one_file_per_commit(platform, tmp_path, unique_ns):
     """batch_files 1: the first file lacks event_type, later ones bring it, a nested struct, new
     nested fields and hostile names; the next run brings a new nested field to an existing table."""
@@ -198,6 +251,26 @@ def test_a_hung_spark_job_ends_within_the_step_timeout(platform, tmp_path, uniqu
     assert healing.outcome == "unhealed" and healing.details["code"] == STEP_TIMEOUT
     # the session is fine afterwards: the next step of the run can use it
     assert platform.spark().range(3).count() == 3
+
+
+def test_a_deadline_entered_before_spark_started_binds_to_the_session_when_the_work_starts_it(platform, monkeypatch):
+    """A step enters its deadline without starting the JVM (`lakehouse run` warms one up on another
+    thread; a step may need none): the job group is set when the step's work first gets the session,
+    so a hung job the work then starts is still cancelled by the deadline."""
+    from lakehouse import spark as spark_mod
+    from lakehouse.control.deadline import Deadline, spark_deadline
+
+    monkeypatch.setattr(spark_mod, "_SESSION", None)  # as if no step had started Spark in this process
+    assert spark_mod.active_session() is None
+    with pytest.raises(StepTimeout) as err:
+        with spark_deadline(spark_mod.active_session(), Deadline(3.0, "a test deadline"), "p.s load"):
+            session = spark_mod.get_spark(platform.settings)  # the work starts Spark: the group binds now
+            session.range(1).selectExpr("reflect('java.lang.Thread', 'sleep', CAST(600000 AS BIGINT))").collect()
+    assert "p.s load: its Spark work ran longer than the step's timeout of 3 s (a test deadline)" in str(err.value)
+    assert "cancelled part of cancelled job group lakehouse-" in str(err.value.__cause__)
+    # the group is gone from the thread afterwards: later jobs are nobody's step
+    assert session.sparkContext.getLocalProperty("spark.jobGroup.id") is None
+    assert session.range(3).count() == 3
 
 
 def test_rules_that_cannot_be_evaluated_fail_only_their_own_check(platform, tmp_path, unique_ns):

@@ -84,6 +84,27 @@ def test_json_values_checked_against_the_tables_types(tmp_path):
     assert p.status == QUARANTINED and "cannot be read as decimal(3,2)" in p.error
 
 
+def test_quoted_decimals_are_read_as_spark_reads_them(tmp_path):
+    """Spark's JSON reader takes a decimal given as a string ("12.50", "1,234.5"): such a file loads
+    into a decimal column; text BigDecimal cannot parse, or a value that needs more digits once
+    rounded half-up to the scale, quarantines it (tests/test_bad_input_cases.py runs the same
+    spellings through Spark)."""
+    want = {"amount": DecimalType(6, 2)}
+    f = write(tmp_path, "q.jsonl", '{"id": 1, "amount": "12.50"}\n{"id": 2, "amount": "-1,234.5"}\n'
+                                   '{"id": 3, "amount": 7}\n{"id": 4, "amount": ".5"}\n{"id": 5, "amount": "1E+2"}\n'
+                                   '{"id": 6, "amount": "9999.994"}\n{"id": 7, "amount": null}\n')
+    p = probe_file(f, "jsonl", limits=L, expect=want)
+    assert p.status == PROCESSED, p.error
+    assert p.schema.simpleString() == "struct<id:bigint,amount:decimal(6,2)>"
+    for bad in ('"9999.995"', '" 12.5"', '"12.5 "', '""', '"NaN"', '"1_000"', '"abc"', '"0x10"', "true", '{"v": 1}'):
+        p = probe_file(write(tmp_path, "b.jsonl", f'{{"amount": {bad}}}\n'), "jsonl", limits=L, expect=want)
+        assert p.status == QUARANTINED and "cannot be read as decimal(6,2)" in p.error, (bad, p.error)
+    p = probe_file(write(tmp_path, "c.csv", "id,amount\n1,\"1,234.5\"\n2,12.50\n3,\n"), "csv", limits=L, expect=want)
+    assert p.status == PROCESSED and p.schema.simpleString() == "struct<id:string,amount:decimal(6,2)>"
+    p = probe_file(write(tmp_path, "d.csv", "id,amount\n1, 12.5\n"), "csv", limits=L, expect=want)
+    assert p.status == QUARANTINED and 'value " 12.5" cannot be read as decimal(6,2)' in p.error
+
+
 def test_json_bom_crlf_gzip_and_empty(tmp_path):
     p = probe_file(write(tmp_path, "b.jsonl", b'\xef\xbb\xbf{"a": 1}\r\n{"a": 2}\r\n'), "jsonl", limits=L)
     assert p.status == PROCESSED and p.rows == 2
@@ -169,6 +190,28 @@ def test_parquet_footer_probe(tmp_path):
     pq.write_table(pa.table({"d": pa.array([None], t)}), deep)
     p = probe_file(deep, "parquet", limits=L)
     assert p.status == QUARANTINED and "max_depth=64" in p.error
+
+
+def test_parquet_files_of_one_footer_schema_share_one_read_key(tmp_path):
+    """Files whose footers have the same schema are resolved by Spark once and read in one scan;
+    any difference Spark's type mapping sees (a physical or logical type, a name) keeps them apart."""
+    def key(name: str, table: pa.Table, **kw) -> str:
+        pq.write_table(table, tmp_path / name, **kw)
+        p = probe_file(tmp_path / name, "parquet", limits=L)
+        assert p.status == PROCESSED, p.error
+        return p.read_key
+
+    base = {"id": pa.array([1, 2]), "ts": pa.array([1, 2], pa.timestamp("ms"))}
+    first = key("a.parquet", pa.table(base))
+    assert key("b.parquet", pa.table({"id": pa.array([7]), "ts": pa.array([9], pa.timestamp("ms"))})) == first
+    assert "0x" not in first  # no object address in the key
+    others = [
+        key("c.parquet", pa.table({**base, "id": pa.array([1, 2], pa.int32())})),
+        key("d.parquet", pa.table({**base, "ts": pa.array([1, 2], pa.timestamp("us"))})),
+        key("e.parquet", pa.table(base), use_deprecated_int96_timestamps=True),
+        key("f.parquet", pa.table({"ID": base["id"], "ts": base["ts"]})),
+    ]
+    assert len({first, *others}) == 5
 
 
 # --------------------------------------------------------------------------- roots are walls

@@ -85,3 +85,34 @@ def test_sqlite_files_are_owner_only_by_default_and_configurable(tmp_path, monke
     monkeypatch.setenv("LAKEHOUSE_UMASK", "999")
     with pytest.raises(ValueError, match="LAKEHOUSE_UMASK='999' is not an octal umask"):
         configured_umask()
+
+
+def test_steps_with_no_spark_work_start_no_jvm_for_their_deadline(settings, tmp_path):
+    """A files stage with nothing new runs its extract and load under their deadlines without a
+    SparkSession: the deadline binds to the session only when the step's work asks for one (this
+    fast-lane test fails by name if a JVM starts)."""
+    from lakehouse import spark as spark_mod
+    from lakehouse.metadata.loader import load_metadata
+    from lakehouse.runner import Platform, StageRunner
+
+    meta = tmp_path / "meta.yaml"
+    meta.write_text("""
+pipelines:
+  - {pipeline_id: p}
+sources:
+  - {source_id: raw, kind: files, format: jsonl, path: in, glob: "*.jsonl"}
+targets:
+  - {target_id: t, namespace: b, table: events, write_mode: append}
+stages:
+  - {pipeline_id: p, stage_order: 1, stage_name: ingest, layer: bronze, source_id: raw, target_id: t}
+""")
+    platform = Platform(settings, MetadataStore(settings.control_db_url))
+    platform.store.apply(load_metadata(meta))
+    (settings.landing_dir / "in").mkdir(parents=True)
+    runner = StageRunner(platform, "p", "ingest")
+    plan = runner.extract()
+    assert plan.skipped_reason.startswith("no new files in")
+    out = runner.load(plan)
+    assert out.published and out.rows_written == 0 and out.skipped_reason == plan.skipped_reason
+    assert runner._deadline.seconds == DEFAULT_CEILING_S  # both steps ran under the deadline
+    assert spark_mod.active_session() is None

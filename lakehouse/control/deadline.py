@@ -20,13 +20,14 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import sqlalchemy as sa
 
 from lakehouse.errors import StepTimeout
+from lakehouse.spark import active_session, when_started
 
 if TYPE_CHECKING:
     from lakehouse.core import StageContext
@@ -91,11 +92,21 @@ def step_deadline(runner: StageContext) -> Deadline:
 
 @contextmanager
 def spark_deadline(spark, deadline: Deadline, what: str) -> Iterator[None]:
-    """Run the body's Spark jobs in a job group that a watchdog cancels when the deadline passes."""
-    sc = spark.sparkContext
+    """Run the body's Spark jobs in a job group that a watchdog cancels when the deadline passes.
+
+    `spark` is the session, or None when none is up yet: the group is then set when the body
+    first gets one (`lakehouse.spark.when_started`), so a step without Spark work — an extract that
+    lists files, a load with nothing new — neither starts the JVM nor waits for the one warming up."""
+
     group = f"lakehouse-{uuid.uuid4().hex[:16]}"
-    previous = {k: sc.getLocalProperty(k) for k in _GROUP_PROPS}
-    sc.setJobGroup(group, what[:200], interruptOnCancel=True)
+    bound: dict = {}  # the SparkContext the group is set on, and its thread's properties before
+
+    def bind(session) -> None:
+        sc = session.sparkContext
+        bound["previous"] = {k: sc.getLocalProperty(k) for k in _GROUP_PROPS}
+        sc.setJobGroup(group, what[:200], interruptOnCancel=True)
+        bound["sc"] = sc
+
     fired, done = threading.Event(), threading.Event()
 
     def watch() -> None:
@@ -103,16 +114,21 @@ def spark_deadline(spark, deadline: Deadline, what: str) -> Iterator[None]:
             return
         fired.set()
         while not done.is_set():  # a job the step starts after the first cancel is cancelled too
-            try:
-                sc.cancelJobGroup(group)
-            except Exception:  # noqa: BLE001 - a stopped context has nothing left to cancel
-                return
+            sc = bound.get("sc")
+            if sc is not None:  # no session yet: no Spark job to cancel
+                try:
+                    sc.cancelJobGroup(group)
+                except Exception:  # noqa: BLE001 - a stopped context has nothing left to cancel
+                    return
             done.wait(1.0)
 
+    if spark is not None:
+        bind(spark)
     watchdog = threading.Thread(target=watch, name=f"deadline-{group}", daemon=True)
     watchdog.start()
     try:
-        yield
+        with when_started(bind) if spark is None else nullcontext():
+            yield
     except Exception as exc:
         if fired.is_set():
             raise StepTimeout(
@@ -123,15 +139,17 @@ def spark_deadline(spark, deadline: Deadline, what: str) -> Iterator[None]:
         raise
     finally:
         done.set()
-        for k, v in previous.items():
-            sc.setLocalProperty(k, v)
+        if "sc" in bound:
+            for k, v in bound["previous"].items():
+                bound["sc"].setLocalProperty(k, v)
 
 
 def guard_step(runner: StageContext, step: str, work: Callable[[], T]) -> T:
-    """`work` under the step's deadline (computed once per step and kept on the runner)."""
+    """`work` under the step's deadline (computed once per step and kept on the runner). The
+    session is not started here: the deadline binds to it when the work first asks for it."""
     deadline = runner.__dict__.get("_deadline")
     if deadline is None:
         deadline = runner._deadline = step_deadline(runner)
     what = f"{runner.stage.pipeline_id}.{runner.stage.stage_name} {step}"
-    with spark_deadline(runner.platform.spark(), deadline, what):
+    with spark_deadline(active_session(), deadline, what):
         return work()

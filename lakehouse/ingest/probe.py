@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import functools
 import gzip
 import io
 import json
 import re
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +132,17 @@ def _probe_parquet(p: Path, head: bytes, limits) -> FileProbe:
     if md.num_rows == 0:
         return FileProbe(EMPTY, "no rows", rows=0)
     spark_meta = (md.metadata or {}).get(SPARK_ROW_METADATA, b"")
-    return FileProbe(rows=md.num_rows, read_key="parquet:" + str(md.schema) + spark_meta.decode("utf-8", "replace"))
+    return FileProbe(rows=md.num_rows, read_key="parquet:" + _footer_key(md.schema)
+                     + spark_meta.decode("utf-8", "replace"))
+
+
+def _footer_key(schema) -> str:
+    """A parquet footer schema as text that is equal for equal schemas: what Spark maps to its types
+    (names, physical and logical types, repetition, nesting). `str()` of pyarrow's ParquetSchema
+    starts with the object's address, which made every file its own read group: one Spark schema
+    job and one scan per file instead of one per distinct schema."""
+    text = str(schema)
+    return text.partition("\n")[2] if text.startswith("<") else text
 
 
 def _name_problem(names: list[str], where: str) -> str | None:
@@ -387,18 +398,7 @@ def _fitter(dtype, text: bool = False):
             return _is_float_text
         return lambda v: type(v) in (int, float, Decimal)
     if name == "decimal":
-        room = dtype.precision - dtype.scale
-
-        def fits(v) -> bool:
-            try:
-                d = Decimal(v.strip()) if text else (Decimal(v) if type(v) in (int, Decimal) else
-                                                     Decimal(repr(v)) if type(v) is float else None)
-            except InvalidOperation:
-                return False
-            if d is None or not d.is_finite():
-                return False
-            return len(str(abs(int(d)))) <= room if room > 0 else abs(d) < 1
-        return fits
+        return functools.partial(_fits_decimal, dtype.precision, dtype.scale)
     if name == "boolean":
         if text:
             return lambda s: s.strip().lower() in ("true", "false")
@@ -406,6 +406,38 @@ def _fitter(dtype, text: bool = False):
     if name in ("timestamp", "timestamp_ntz", "date"):
         return lambda v: (type(v) is int and name != "date") or (isinstance(v, str) and _is_datetime_text(v))
     return None
+
+
+# java.math.BigDecimal's grammar: Spark's JSON and CSV readers parse a decimal given as text with it,
+# after dropping ',' grouping separators (ExprUtils.getDecimalParser, default locale)
+_BIG_DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_WIDE = Context(prec=200)  # room for any decimal(38, s) and then some: rounding never inexact here
+
+
+def _fits_decimal(precision: int, scale: int, v: Any) -> bool:
+    """Can Spark read `v` — a JSON number, a JSON string ("12.50": Spark's JSON reader takes quoted
+    decimals) or CSV text — as decimal(precision, scale)? As Spark does it: text parsed as
+    java.math.BigDecimal (no spaces, no NaN), the value rounded half-up to the scale, then at most
+    `precision` digits."""
+    t = type(v)
+    if t is str:
+        text = v.replace(",", "")
+        if _BIG_DECIMAL.fullmatch(text) is None:
+            return False
+        d = Decimal(text)
+    elif t is int or t is Decimal:
+        d = Decimal(v)
+    elif t is float:
+        d = Decimal(repr(v))
+    else:  # a boolean, an object, an array
+        return False
+    if not d.is_finite():
+        return False
+    try:
+        rounded = d.quantize(Decimal(1).scaleb(-scale), rounding=ROUND_HALF_UP, context=_WIDE)
+    except InvalidOperation:  # far more digits than any decimal type holds
+        return False
+    return len(rounded.as_tuple().digits) <= precision
 
 
 def _is_float_text(s: str) -> bool:
