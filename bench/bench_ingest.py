@@ -14,12 +14,18 @@ as they are). Prints each timing and the ratio platform / hand-written per pair 
 `--baseline-repo DIR` also times the platform of another checkout (e.g. `git archive main | tar -x
 -C DIR`) in the same rounds, so a change's cost is measured against the code before it on the same
 machine state; the sides run in a rotating order, round by round.
+
+Besides wall time, each run's CPU time is measured: user + system seconds of the run's whole process
+tree, the JVM included (this process becomes the Linux child subreaper, so the JVM a run leaves
+behind is reaped here and counted). On a shared machine wall time swings with the other load; the
+CPU a run needs swings much less, so its ratio shows a change's cost when the wall ratio cannot.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -91,14 +97,36 @@ def generate(out: Path, gb: float, files: int) -> int:
     return written
 
 
-def run(cmd: list[str], env: dict, cwd: Path = REPO) -> float:
+def become_subreaper() -> bool:
+    """Orphaned descendants (the JVM of a finished run) are re-parented to this process (Linux
+    PR_SET_CHILD_SUBREAPER), so that reaping them adds their CPU time to RUSAGE_CHILDREN."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def run(cmd: list[str], env: dict, cwd: Path = REPO) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the whole process tree) of one command."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
     elapsed = time.monotonic() - t0
+    give_up = time.monotonic() + 120
+    while time.monotonic() < give_up:  # the JVM exits once its Python parent is gone: reap it (its CPU counts)
+        try:
+            if os.waitpid(-1, os.WNOHANG) == (0, 0):
+                time.sleep(0.05)
+        except ChildProcessError:
+            break
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
         raise SystemExit(f"command failed: {' '.join(cmd)}")
-    return elapsed
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed, cpu
 
 
 def main() -> None:
@@ -112,6 +140,8 @@ def main() -> None:
                     help="another checkout whose platform is timed in the same rounds (before/after a change)")
     args = ap.parse_args()
     sides = ["platform", "handwritten"] + (["baseline"] if args.baseline_repo else [])
+    if not become_subreaper():
+        print("note: not a Linux child subreaper: CPU times leave out the JVMs")
 
     work = Path(tempfile.mkdtemp(prefix="bench_ingest_"))
     data = work / "landing" / "events"
@@ -119,6 +149,7 @@ def main() -> None:
     print(f"generated {size / 1024**3:.2f} GiB of parquet in {len(list(data.glob('*.parquet')))} files under {data}")
     modes = [m for m in ("lineage", "plain") if args.lineage in (m, "both")]
     times: dict[tuple[str, str], list[float]] = {}
+    cpus: dict[tuple[str, str], list[float]] = {}
     try:
         for r in range(args.repeat):
             for mode in modes:
@@ -135,27 +166,32 @@ def main() -> None:
                         meta.write_text(METADATA.format(landing="events", lineage=str(mode == "lineage").lower()))
                         subprocess.run([PY, "-m", "lakehouse.cli", "metadata", "apply", str(meta)], env=env,
                                        check=True, cwd=repo, capture_output=True)
-                        t = run([PY, "-m", "lakehouse.cli", "run", "bench_ingest"], env=env, cwd=repo)
+                        t, cpu = run([PY, "-m", "lakehouse.cli", "run", "bench_ingest"], env=env, cwd=repo)
                     else:
                         script = work / "hand.py"
                         script.write_text(HANDWRITTEN)
-                        t = run([PY, str(script), str(data), mode], env=env)
+                        t, cpu = run([PY, str(script), str(data), mode], env=env)
                     times.setdefault((mode, side), []).append(t)
-                    print(f"  round {r + 1} {mode:7s} {side:11s} {t:7.1f} s", flush=True)
+                    cpus.setdefault((mode, side), []).append(cpu)
+                    print(f"  round {r + 1} {mode:7s} {side:11s} {t:7.1f} s  cpu {cpu:7.1f} s  "
+                          f"load {os.getloadavg()[0]:.1f}", flush=True)
                     shutil.rmtree(home / "warehouse", ignore_errors=True)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     for mode in modes:
         p, h = statistics.median(times[(mode, "platform")]), statistics.median(times[(mode, "handwritten")])
+        pc, hc = statistics.median(cpus[(mode, "platform")]), statistics.median(cpus[(mode, "handwritten")])
         cols = "with _source_file/_ingested_at" if mode == "lineage" else "files' columns only"
         print(f"{cols:32s}: platform median {p:.1f} s | hand-written median {h:.1f} s | "
               f"ratio {p / h:.3f} (goal <= 1.10)")
+        print(f"{'':32s}  CPU: platform median {pc:.1f} s | hand-written median {hc:.1f} s | ratio {pc / hc:.3f}")
         if args.baseline_repo:
             b = statistics.median(times[(mode, "baseline")])
+            bc = statistics.median(cpus[(mode, "baseline")])
             print(f"{'':32s}  baseline median {b:.1f} s | baseline ratio {b / h:.3f} | "
                   f"platform / baseline {p / b:.3f}")
-
+            print(f"{'':32s}  CPU: baseline median {bc:.1f} s | platform / baseline {pc / bc:.3f}")
 
 if __name__ == "__main__":
     main()
