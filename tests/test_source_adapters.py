@@ -152,6 +152,26 @@ def test_the_s3_adapter_plans_and_stages_through_the_s3_resource(settings, tmp_p
     assert adapter_for("s3").probe(platform, gone)[0] is False
 
 
+def test_the_s3_probe_answers_when_the_endpoint_accepts_and_never_replies(settings, tmp_path):
+    """A black-holed endpoint (the socket accepts, nothing answers) is reported unreachable by the
+    probe's own deadline, not after botocore's 60 s read timeout (S3Resource sets none)."""
+    import socket
+
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(8)  # connections complete in the backlog; nobody ever reads or writes
+    try:
+        endpoint = f"http://127.0.0.1:{hole.getsockname()[1]}"
+        clients = S3Clients.from_resource(S3Resource(endpoint_url=endpoint, region_name="us-east-1",
+                                                     aws_access_key_id="k", aws_secret_access_key="s"))
+        platform = _platform(settings, tmp_path, "held", clients)
+        ok, why = adapter_for("s3").probe(platform, platform.catalog().source("bucket"), timeout_s=0.5)
+        assert not ok
+        assert why == "s3://held: no answer from the endpoint within 0.5 s"
+    finally:
+        hole.close()
+
+
 def test_dagster_steps_get_their_s3_clients_from_the_s3_resource(settings, monkeypatch):
     """The S3Resource nested in LakehouseResource is what a step's platform makes clients from;
     the code location configures its endpoint from settings; no credential is configuration."""

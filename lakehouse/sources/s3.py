@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING
 
 from lakehouse.core import ExtractPlan, StageContext, StageOutcome
@@ -19,6 +22,8 @@ if TYPE_CHECKING:
     from lakehouse.metadata.model import Source
     from lakehouse.platform import Platform
 
+#: how long a probe waits for the endpoint's answer before calling the source unreachable
+PROBE_TIMEOUT_S = 5.0
 #: entity_raw loads from a bucket without a source of their own use this many download threads
 DEFAULT_THREADS = 8
 
@@ -43,11 +48,26 @@ class S3Adapter(FileSourceAdapter):
         record_published(ctx, outcome)
         s3_ingest.after_publish(ctx, outcome, plan)  # the listing cursor; the staged copies go
 
-    def probe(self, platform: Platform, src: Source) -> tuple[bool, str]:
-        """HEAD the bucket with a single attempt (the resource's own retries would hide an outage)."""
+    def probe(self, platform: Platform, src: Source, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[bool, str]:
+        """HEAD the bucket with a single attempt (the resource's own retries would hide an outage),
+        answered within `timeout_s`: S3Resource sets no socket timeouts, so an endpoint that accepts
+        and never answers would hold the probe for botocore's 60 s; the HEAD is left to finish on a
+        daemon thread and the source reported unreachable."""
+        done: Future[None] = Future()
+
+        def head() -> None:
+            try:
+                platform.s3.for_source(src, max_attempts=1).head_bucket(Bucket=src.bucket)
+                done.set_result(None)
+            except Exception as exc:  # noqa: BLE001 - a probe reports, it never raises
+                done.set_exception(exc)
+
+        threading.Thread(target=head, name=f"s3-probe-{src.source_id}", daemon=True).start()
         try:
-            platform.s3.for_source(src, max_attempts=1).head_bucket(Bucket=src.bucket)
-        except Exception as exc:  # noqa: BLE001 - a probe reports, it never raises
+            done.result(timeout=timeout_s)
+        except FutureTimeout:
+            return False, f"s3://{src.bucket}: no answer from the endpoint within {timeout_s:g} s"
+        except Exception as exc:  # noqa: BLE001
             return False, f"{type(exc).__name__}: {exc}"
         return True, f"s3://{src.bucket} reachable"
 
