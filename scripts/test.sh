@@ -12,4 +12,4 @@ fi
 start=$(date +%s)
 .venv/bin/python -m pytest -m "not slow"
 echo "fast lane (pytest -m 'not slow'): $(( $(date +%s) - start )) s"
-exec .venv/bin/python -m pytest -m slow
+exec .venv/bin/python -m pytest -m slow --durations=25

@@ -15,8 +15,6 @@ from pyiceberg.catalog.sql import SqlCatalog
 
 from lakehouse.metadata.loader import load_metadata
 
-NOW = datetime.now(UTC).replace(microsecond=0)
-
 ORDER_SCHEMA = pa.schema([
     ("order_id", pa.int64()), ("customer_id", pa.int64()), ("amount", pa.float64()),
     ("status", pa.string()), ("email", pa.string()), ("order_ts", pa.timestamp("us", tz="UTC")),
@@ -53,8 +51,10 @@ def apply(platform, tmp_path: Path, rules_yaml: str, base: str = BASE) -> None:
 
 
 def order(order_id, customer_id=1, amount=10.0, status="paid", email="a@b.example", age_s=60, **extra) -> dict:
+    """An order `age_s` old when it is made (not when the module was imported: a slow suite must not age it)."""
+    now = datetime.now(UTC).replace(microsecond=0)
     return {"order_id": order_id, "customer_id": customer_id, "amount": amount, "status": status, "email": email,
-            "order_ts": NOW - timedelta(seconds=age_s), **extra}
+            "order_ts": now - timedelta(seconds=age_s), **extra}
 
 
 def land(platform, folder: str, name: str, rows: list[dict], schema: pa.Schema | None = None) -> Path:
