@@ -23,7 +23,7 @@ from lakehouse.metadata.model import MetadataCatalog, Pipeline, Rule, Source, St
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from lakehouse.iceberg import WriteResult
+    from lakehouse.iceberg import WriteResult, WriteSpec
     from lakehouse.platform import Platform
     from lakehouse.validation.rules import CheckOutcome
 
@@ -93,6 +93,7 @@ class Batch:
     snapshot_properties: dict[str, str] = field(default_factory=dict)
     files: list[FileRef] = field(default_factory=list)
     label: str = ""
+    write: WriteSpec | None = None  # how this batch is written when not by the target's write_mode
 
 
 @dataclass

@@ -93,6 +93,17 @@ class WriteResult:
     summary: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class WriteSpec:
+    """A batch's own write, instead of the target's write_mode (an incremental stage's merge, or
+    its replacement of the partitions its input touched: lakehouse.incremental)."""
+
+    mode: str  # merge | overwrite (of the rows `condition` selects; all rows when None)
+    merge_keys: tuple[str, ...] = ()
+    order_by: str | None = None  # merge: a matched row is replaced only by a row at least as new
+    condition: Any = None  # overwrite: a pyspark Column selecting the rows replaced
+
+
 class IcebergTables:
     """Thin, explicit wrapper over Spark's Iceberg catalog for one catalog name.
 
@@ -316,15 +327,17 @@ class IcebergTables:
         branch: str = MAIN,
         snapshot_properties: dict[str, str] | None = None,
         mode: str | None = None,
+        spec: WriteSpec | None = None,
     ) -> WriteResult:
-        """Write `df` to the target (on `branch`) with the target's write mode; returns the new snapshot."""
+        """Write `df` to the target (on `branch`) with the target's write mode, or as `spec` says;
+        returns the new snapshot."""
         ident = target.identifier
-        mode = mode or target.write_mode
+        mode = spec.mode if spec is not None else (mode or target.write_mode)
         props = {f"snapshot-property.{k}": v for k, v in (snapshot_properties or {}).items()}
         name = self.qualified(ident, branch)
         before = self.snapshot_id(ident, branch)
         if mode == "merge":
-            self._merge(df, target, branch, snapshot_properties or {})
+            self._merge(df, target, branch, snapshot_properties or {}, spec)
         else:
             writer = df.writeTo(name)
             for k, v in props.items():
@@ -334,7 +347,7 @@ class IcebergTables:
             elif mode == "overwrite":
                 from pyspark.sql import functions as F
 
-                writer.overwrite(F.lit(True))
+                writer.overwrite(spec.condition if spec is not None and spec.condition is not None else F.lit(True))
             elif mode == "overwrite_partitions":
                 writer.overwritePartitions()
             else:
@@ -344,13 +357,18 @@ class IcebergTables:
         rows = int(summary.get("added-records", 0))
         return WriteResult(ident, branch, after, rows, mode, summary)
 
-    def _merge(self, df: DataFrame, target: Target, branch: str, snapshot_properties: dict[str, str]) -> None:
+    def _merge(self, df: DataFrame, target: Target, branch: str, snapshot_properties: dict[str, str],
+               spec: WriteSpec | None = None) -> None:
         view = f"lakehouse_merge_src_{abs(hash((target.target_id, branch))) % 10**9}"
         df.createOrReplaceTempView(view)
-        on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in target.merge_keys)
+        keys = spec.merge_keys if spec is not None and spec.merge_keys else target.merge_keys
+        on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in keys)
+        newer = ""
+        if spec is not None and spec.order_by:  # an older row never replaces a newer one (a null: the new row wins)
+            newer = f" AND coalesce(s.{quote(spec.order_by)} >= t.{quote(spec.order_by)}, true)"
         sql = (
             f"MERGE INTO {self.qualified(target.identifier, branch)} t USING {quote(view)} s ON {on} "
-            "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
+            f"WHEN MATCHED{newer} THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
         )
         conf_keys = {f"spark.sql.iceberg.snapshot-property.{k}": v for k, v in snapshot_properties.items()}
         # Spark SQL has no per-statement snapshot properties: the session's commit properties carry them.

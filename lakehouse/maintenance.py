@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from lakehouse.iceberg import MAIN, quote, sql_string
+from lakehouse.incremental import CONSUMED_PREFIX, consumed_marks  # noqa: F401 - the consumers' key, named here too
 from lakehouse.metadata.model import Maintenance
 
 if TYPE_CHECKING:
@@ -49,7 +50,6 @@ DEFAULTS = Maintenance(enabled=True, snapshot_max_age_hours=168.0, min_snapshots
                        rewrite_manifests=True)
 DEFAULT_SCHEDULE = "0 3 * * *"  # daily at 03:00 UTC, unless maintenance.schedule[.<namespace>] says otherwise
 MANIFEST_TRIGGER = 10
-CONSUMED_PREFIX = "lakehouse.consumed."
 MAX_REF_AGE_PROPERTY = "history.expire.max-ref-age-ms"
 AUDIT_EVENT = "maintenance"
 MB = 1024 * 1024
@@ -141,16 +141,15 @@ def table_state(tables: IcebergTables, ident: str, small_bytes: int) -> TableSta
 
 def consumer_floor(tables: IcebergTables, catalog: MetadataCatalog, ident: str) -> dict[str, int]:
     """{consumer table: the snapshot of `ident` it read up to}, for snapshots `ident` still has."""
-    key = CONSUMED_PREFIX + ident
     have = {s.snapshot_id for s in tables.meta.load_table(ident).metadata.snapshots}
     out = {}
     for t in maintained_tables(catalog):
         if t.identifier == ident or not tables.exists(t.identifier):
             continue
-        sid = tables.snapshot_id(t.identifier)
-        raw = tables.snapshot_summary(t.identifier, sid).get(key) if sid is not None else None
-        if raw and raw.lstrip("-").isdigit() and int(raw) in have:
-            out[t.identifier] = int(raw)
+        # the consumer's last incremental write, also behind a later compaction's snapshot
+        mark = consumed_marks(tables.meta.load_table(t.identifier).metadata, tables.snapshot_id(t.identifier)).get(ident)
+        if mark is not None and mark in have:
+            out[t.identifier] = mark
     return out
 
 

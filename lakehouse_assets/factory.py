@@ -282,7 +282,18 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
                                         **{f"dagster/kind/{k}": "" for k in STAGE_KINDS}}},
         owners_by_output_name={"result": owners} if owners else None,
         check_specs=specs,
+        **time_partitions(target),
     )
+
+
+def time_partitions(target) -> dict:
+    """A target with daily partitions (metadata `time_partition`) is a daily-partitioned asset; a
+    backfill of a range is one run (single-run policy) whose tags give the stage the days to rewrite."""
+    tp = target.time_partition
+    if tp is None:
+        return {}
+    return {"partitions_def": dg.DailyPartitionsDefinition(start_date=tp.start_date.isoformat()),
+            "backfill_policy": dg.BackfillPolicy.single_run()}
 
 
 def build_source_specs(g: Graph, stages: list[Stage]) -> list[dg.AssetSpec]:

@@ -22,7 +22,8 @@ healed and retried like the real one.
 Process faults at named points (`before_batch`, `after_branch_commit`, `before_publish`,
 `between_publishes`, `after_publish`, `download`, `entity_raw_after_branch_commit`, ...):
 
-* `LAKEHOUSE_CRASH_AT=<point>` stops the process there: with `LAKEHOUSE_CRASH_MARKER=<file>` it
+* `LAKEHOUSE_CRASH_AT=<point>` (or `<point>@<stage_name>`: there in that stage only, for points
+  given the stage) stops the process there: with `LAKEHOUSE_CRASH_MARKER=<file>` it
   writes the file and waits to be killed from outside (the test's kill -9); without it, it
   SIGKILLs itself;
 * `LAKEHOUSE_PAUSE_AT=<point>[,<point>...]` with `LAKEHOUSE_PAUSE_DIR=<dir>` writes
@@ -103,7 +104,8 @@ def inject(point: str, runner: Any = None, **ctx: Any) -> None:
         return
     if point in os.environ.get(PAUSE_AT_ENV, "").split(",") and os.environ.get(PAUSE_DIR_ENV):
         _pause(point, os.environ[PAUSE_DIR_ENV], float(os.environ.get(PAUSE_SECONDS_ENV, "600")))
-    if os.environ.get(CRASH_AT_ENV) == point:
+    crash_at = os.environ.get(CRASH_AT_ENV)
+    if crash_at and crash_at in (point, _at_stage(point, runner)):
         _crash(point)
     if point == "after_jdbc_read" and os.environ.get(AFTER_JDBC_READ_ENV) in (ctx.get("source_id"), "*"):
         ctx["df"].count()  # the read has happened...
@@ -111,6 +113,12 @@ def inject(point: str, runner: Any = None, **ctx: Any) -> None:
                             f"(unset {AFTER_JDBC_READ_ENV})")
     if os.environ.get(ENV):
         _spec_faults(point, runner, ctx)
+
+
+def _at_stage(point: str, runner: Any) -> str | None:
+    """`point@stage_name`: the point in one stage only (a crash between two stages' commits)."""
+    stage = getattr(runner, "stage", None)
+    return f"{point}@{stage.stage_name}" if stage is not None else None
 
 
 def _crash(point: str) -> None:

@@ -117,6 +117,12 @@ def check_stages(catalog: MetadataCatalog, locate: Locate, sql_file: SqlFile, *,
                     add(w, msg)
             if sc is not None:
                 _target_columns(target, sc, locate, add)
+        if stage.incremental is not None:
+            for w, msg in _incremental_problems(catalog, stage, target, sc, locate):
+                add(w, msg)
+        if target is not None and target.kind == "iceberg" and target.time_partition is not None:
+            for w, msg in _time_partition_problems(catalog, stage, target, sc, locate):
+                add(w, msg)
         if sc is not None and target is not None:
             for i, rule in _rules_with_index(catalog, stage):
                 rwhere = f"{locate('validation_rules', (stage.validation_set_id,))}.rules[{i}]"
@@ -174,6 +180,82 @@ def _target_columns(tgt: Target, sc: StageColumns, locate: Locate, add) -> None:
     if tgt.write_mode == "overwrite_partitions" and not tgt.partition_spec:
         add(f"{tw}.write_mode", f"write_mode overwrite_partitions on {tgt.identifier}, which has no partition_spec, "
             "would replace the whole table on every run. Fix: add a partition_spec, or use overwrite")
+
+
+def _incremental_problems(catalog: MetadataCatalog, stage: Stage, tgt: Target | None, sc: StageColumns | None,
+                          locate: Locate) -> list[tuple[str, str]]:
+    """An incremental stage (lakehouse.incremental) is a SQL stage over one table, whose target a full
+    recompute can overwrite, and whose keys / ordering / partition column are output columns."""
+    inc = stage.incremental
+    w = f"{locate('stages', stage.key())}.incremental"
+    name = f"stage {stage.pipeline_id}.{stage.stage_name}"
+    out: list[tuple[str, str]] = []
+    if not stage.transformation:
+        return [(w, f"{name} is incremental but has no SQL transformation: only SQL stages over an Iceberg table "
+                 "read incrementally. Fix: remove `incremental`")]
+    ups = stage_upstreams(catalog, stage)
+    if len(ups) != 1:
+        out.append((w, f"{name} is incremental but its SQL reads {', '.join(ups) or 'no table'}: an incremental "
+                    "stage reads exactly one upstream table (its changes drive the run). Fix: remove "
+                    "`incremental`, or read one table"))
+    if tgt is None or tgt.kind != "iceberg":
+        return out
+    tw = locate("targets", tgt.key())
+    if tgt.write_mode != "overwrite":
+        out.append((f"{tw}.write_mode", f"{name} is incremental, so its target {tgt.target_id!r} needs write_mode "
+                    f"overwrite (what its full recompute does), not {tgt.write_mode!r}. Fix: set write_mode: overwrite"))
+    columns = [(f"merge_keys[{i}]", k) for i, k in enumerate(inc.merge_keys)]
+    columns += [(f, getattr(inc, f)) for f in ("order_by", "partition_column") if getattr(inc, f)]
+    for path, column in columns:
+        if sc is not None and sc.has(column) is False:
+            out.append((f"{w}.{path}", f"{column!r} is not a column {name} outputs ({_cols(sc)}). Fix: name one "
+                        "of those columns"))
+    if inc.mode == "partitions":
+        out += _identity_partition(tgt, inc.partition_column, f"{name} recomputes partitions of "
+                                   f"{inc.partition_column!r}", locate)
+        if inc.upstream_partition and (why := _parse_problem(inc.upstream_partition)):
+            out.append((f"{w}.upstream_partition", why))
+    return out
+
+
+def _identity_partition(tgt: Target, column: str, because: str, locate: Locate) -> list[tuple[str, str]]:
+    if any(p.column.lower() == column.lower() and p.transform == "identity" for p in tgt.partition_spec):
+        return []
+    return [(f"{locate('targets', tgt.key())}.partition_spec", f"{because}, so target {tgt.target_id!r} needs the "
+             f"identity partition {column!r}. Fix: add {{column: {column}, transform: identity}} to its partition_spec")]
+
+
+def _parse_problem(expression: str) -> str | None:
+    """Why `expression` is not one Spark SQL expression, or None."""
+    import sqlglot
+
+    try:
+        sqlglot.parse_one(expression, read="spark")
+    except sqlglot.errors.ParseError as exc:
+        return (f"cannot parse {expression!r} as a Spark SQL expression: {str(exc).splitlines()[0].rstrip('.')}. "
+                "Fix: one expression over the upstream's columns, e.g. CAST(event_ts AS DATE)")
+    return None
+
+
+def _time_partition_problems(catalog: MetadataCatalog, stage: Stage, tgt: Target, sc: StageColumns | None,
+                             locate: Locate) -> list[tuple[str, str]]:
+    """A time-partitioned target is written by a SQL stage over one table, identity-partitioned by its
+    date column, which the stage outputs."""
+    tp = tgt.time_partition
+    w = f"{locate('targets', tgt.key())}.time_partition"
+    name = f"stage {stage.pipeline_id}.{stage.stage_name}"
+    if not stage.transformation or len(stage_upstreams(catalog, stage)) != 1:
+        return [(w, f"target {tgt.target_id!r} has daily partitions, so {name} must be a SQL transformation "
+                 "reading exactly one upstream table (a day is recomputed from that table's rows of the day). "
+                 "Fix: remove time_partition, or make the stage one such query")]
+    out: list[tuple[str, str]] = []
+    if sc is not None and sc.has(tp.column) is False:
+        out.append((f"{w}.column", f"{tp.column!r} is not a column {name} outputs ({_cols(sc)})"))
+    out += _identity_partition(tgt, tp.column, f"target {tgt.target_id!r} has daily partitions of {tp.column!r}",
+                               locate)
+    if tp.upstream and (why := _parse_problem(tp.upstream)):
+        out.append((f"{w}.upstream", why))
+    return out
 
 
 def _rule_problems(rule: Rule, sc: StageColumns, tgt: Target, derived: dict[str, StageColumns],

@@ -9,7 +9,7 @@ throttles, profiles, retry and healing rules) are read at run time from the cont
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
@@ -75,6 +75,54 @@ class Pipeline(Entity):
         return v
 
 
+class Incremental(BaseModel):
+    """An incremental stage (lakehouse.incremental): each run reads only what its one upstream table
+    committed since the upstream snapshot it last consumed (recorded in the target's snapshot
+    summary, in the same commit as the data), and writes by merge or by replacing the partitions
+    that input touched; anything it cannot read incrementally falls back to a full recompute."""
+
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["merge", "partitions"] = Field(
+        description="merge: the SQL runs over the rows appended upstream since the last run and its output is "
+        "merged into the target on merge_keys; partitions: the partitions (values of partition_column) the "
+        "upstream changes touched are recomputed from their upstream rows in full and replace those partitions")
+    merge_keys: list[str] = Field(default_factory=list, description="merge: the output columns identifying a row")
+    order_by: str | None = Field(
+        default=None, description="merge: the output column telling which of two rows with one key is newer "
+        "(the higher wins, within the change set and against the target); unset: the later-appended row wins "
+        "and the SQL must output one row per key")
+    partition_column: str | None = Field(
+        default=None, description="partitions: the output column the target is identity-partitioned by")
+    upstream_partition: str | None = Field(
+        default=None, description="partitions: a Spark SQL expression over an upstream row giving the "
+        "partition_column value of the output rows it contributes to, e.g. CAST(event_ts AS DATE) "
+        "(default: the upstream column named like partition_column)")
+
+    @field_validator("merge_keys")
+    @classmethod
+    def _keys(cls, v: list[str]) -> list[str]:
+        return [check_ident(k, "merge_keys entry") for k in v]
+
+    _v_order = field_validator("order_by", "partition_column")(
+        lambda cls, v: v if v is None else check_ident(v, "column"))
+
+    @model_validator(mode="after")
+    def _mode_fields(self) -> Incremental:
+        if self.mode == "merge":
+            if not self.merge_keys:
+                raise ValueError("incremental mode merge needs merge_keys (the output columns identifying a row)")
+            if self.partition_column or self.upstream_partition:
+                raise ValueError("partition_column / upstream_partition belong to incremental mode partitions, "
+                                 "not merge")
+        else:
+            if not self.partition_column:
+                raise ValueError("incremental mode partitions needs partition_column (the output column the "
+                                 "target is identity-partitioned by)")
+            if self.merge_keys or self.order_by:
+                raise ValueError("merge_keys / order_by belong to incremental mode merge, not partitions")
+        return self
+
+
 class Stage(Entity):
     __key__ = ("pipeline_id", "stage_order")
 
@@ -99,6 +147,9 @@ class Stage(Entity):
         description="a step whose Spark work runs longer is cancelled and fails; default: derived from the "
         "stage's past durations in audit_log, at most platform setting step_timeout.ceiling_seconds",
     )
+    incremental: Incremental | None = Field(
+        default=None, description="read only what the upstream committed since the last run (SQL stages over "
+        "one upstream table whose target has write_mode overwrite, what a full recompute does)")
 
     _v_name = field_validator("stage_name")(lambda cls, v: check_ident(v, "stage_name"))
 
@@ -298,6 +349,21 @@ def check_maintenance_setting(key: str, value: str) -> None:
         raise ValueError(f"{key}: {msgs}") from None
 
 
+class TimePartition(BaseModel):
+    """A target partitioned by day (lakehouse.incremental, window_batches): a daily-partitioned
+    Dagster asset, and a run for a range of days (a backfill from the UI or `lakehouse backfill`)
+    recomputes exactly those days from their upstream rows and replaces them, with write-audit-publish."""
+
+    model_config = ConfigDict(extra="forbid")
+    column: str = Field(description="the date column the target is identity-partitioned by (the stage outputs it)")
+    start_date: date = Field(description="the first day there is data for (the first partition)")
+    upstream: str | None = Field(
+        default=None, description="a Spark SQL expression over an upstream row giving its day, e.g. "
+        "CAST(event_ts AS DATE) (default: the upstream column named like column)")
+
+    _v_col = field_validator("column")(lambda cls, v: check_ident(v, "column"))
+
+
 class Target(Entity):
     __key__ = ("target_id",)
 
@@ -314,6 +380,9 @@ class Target(Entity):
     maintenance: Maintenance | None = Field(default=None, description="table maintenance; unset fields take "
                                             "the platform defaults (settings maintenance.*)")
     export_target_id: str | None = Field(default=None, description="a warehouse target this table is exported to")
+    time_partition: TimePartition | None = Field(
+        default=None, description="daily partitions: a time-partitioned asset whose days can be backfilled "
+        "(UI, `lakehouse backfill`); a SQL stage over one upstream table writes it")
     alternative_source_id: str | None = Field(
         default=None, description="a declared replica of this table (a source, e.g. kind iceberg): SQL stages "
         "reading this table read the replica instead while the table is unavailable")

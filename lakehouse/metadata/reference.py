@@ -14,11 +14,13 @@ from pydantic_core import PydanticUndefined
 from lakehouse.metadata.model import (
     SECTIONS,
     ColumnSpec,
+    Incremental,
     Maintenance,
     PartitionField,
     PromoteField,
     Rule,
     SortField,
+    TimePartition,
 )
 
 
@@ -71,6 +73,8 @@ def render() -> str:
                          ("partition field", PartitionField), ("sort field", SortField),
                          ("promote field", PromoteField),
                          ("maintenance (targets.maintenance; platform defaults: settings maintenance.<field>)",
-                          Maintenance)):
+                          Maintenance),
+                         ("incremental (stages.incremental; lakehouse.incremental)", Incremental),
+                         ("time partition (targets.time_partition; daily partitions and backfills)", TimePartition)):
         out += [f"## {title}", ""] + _table(model) + [""]
     return "\n".join(out)

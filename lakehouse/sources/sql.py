@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from datetime import date
 from typing import TYPE_CHECKING, Any
 
-from lakehouse.core import SQL, Batch, ExtractPlan, StageContext
+from lakehouse.core import SQL, Batch, ExtractPlan, StageContext, StageOutcome
 from lakehouse.errors import ConfigurationError
 from lakehouse.sources.base import SourceAdapter, register
 from lakehouse.sources.iceberg import probe_table
@@ -42,15 +43,32 @@ class SqlAdapter(SourceAdapter):
 
     def plan(self, ctx: StageContext, src: Source | None, plan: ExtractPlan) -> None:
         """Pin every upstream table at its current snapshot (a replica's, when recovery swapped it)."""
+        from lakehouse.incremental import partition_window
+
         tables = ctx.platform.tables()
         plan.upstream_snapshots = {ident: tables.snapshot_id(ctx.table_overrides.get(ident, ident))
                                    for ident in upstream_identifiers(ctx)}
+        window = partition_window(ctx)  # a run for some days of a time-partitioned target (a backfill)
+        if window is not None:
+            plan.details["partition_window"] = [str(d) for d in window]
 
     def batches(self, ctx: StageContext, plan: ExtractPlan) -> Iterator[Batch]:
+        if ctx.stage.incremental is not None or plan.details.get("partition_window"):
+            from lakehouse.incremental import IncrementalRead  # the upstream resolves to less
+
+            read = IncrementalRead(ctx, plan, self.run_sql)
+            window = plan.details.get("partition_window")
+            yield from read.window_batches(*map(date.fromisoformat, window)) if window else read.batches()
+            return
         yield Batch(self.run_sql(ctx, plan), {"lakehouse.upstream": _json(plan.upstream_snapshots)}, label="sql")
 
-    def run_sql(self, ctx: StageContext, plan: ExtractPlan) -> DataFrame:
-        """The stage's SQL over temp views of the pinned snapshots (identifiers never pasted raw)."""
+    def after_publish(self, ctx: StageContext, plan: ExtractPlan, outcome: StageOutcome) -> None:
+        """How an incremental stage read its upstream goes into the run's metadata."""
+        outcome.extra.update({k: v for k, v in ctx.report.items() if k.startswith(("incremental", "partition_window"))})
+
+    def run_sql(self, ctx: StageContext, plan: ExtractPlan, frames: Mapping[str, DataFrame] | None = None) -> DataFrame:
+        """The stage's SQL over temp views of the pinned snapshots (identifiers never pasted raw);
+        `frames` replaces an upstream's pinned snapshot (an incremental stage's change set)."""
         from pyspark.errors import AnalysisException
 
         spark = ctx.platform.spark()
@@ -59,10 +77,13 @@ class SqlAdapter(SourceAdapter):
         overrides = plan.details.get("table_overrides", {})  # an unavailable upstream read from its replica
         for ident, snap in plan.upstream_snapshots.items():
             view = "__lh_" + ident.replace(".", "__") + "_" + "".join(c if c.isalnum() else "_" for c in ctx.run_id[:8])
-            reader = spark.read.format("iceberg")
-            if snap is not None:
-                reader = reader.option("snapshot-id", str(snap))
-            reader.load(f"{cat}.{overrides.get(ident, ident)}").createOrReplaceTempView(view)
+            frame = (frames or {}).get(ident)
+            if frame is None:
+                reader = spark.read.format("iceberg")
+                if snap is not None:
+                    reader = reader.option("snapshot-id", str(snap))
+                frame = reader.load(f"{cat}.{overrides.get(ident, ident)}")
+            frame.createOrReplaceTempView(view)
             mapping[ident.lower()] = view
         sql = ctx.stage.transformation or f"SELECT * FROM {next(iter(mapping.values()))}"
         try:

@@ -205,7 +205,7 @@ class AuditedWrite:
                 observation = Observation(f"audit_{self.branch}_{self._batches}")
                 frame = keep.observe(observation, *aggregates)
             res = self.tables.write(frame, self.target, branch=self.branch,
-                                    snapshot_properties=batch.snapshot_properties)
+                                    snapshot_properties=batch.snapshot_properties, spec=batch.write)
             return res, observation
 
         def head_unmoved(exc: BaseException) -> bool:  # and not a rule's count, which _write_branch handles

@@ -1,4 +1,4 @@
--- Seed 002's daily roll-up, over the whole silver table.
+-- Seed 002's daily roll-up (incremental: over the silver rows of the days that changed).
 SELECT
   CAST(event_ts AS DATE) AS event_date,
   COUNT(*) AS total_events,

@@ -1,0 +1,426 @@
+"""Incremental stages (lakehouse.incremental): the demo pipeline run round after round equals a full
+recompute computed by an independent reader (plain Python over the landed files, PyIceberg over the
+tables), through late events, duplicates across rounds, a kill -9 between the silver and gold
+commits and a bronze rewritten under silver; plus the metadata's static checks and the decision
+rules (fast lane)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from lakehouse.incremental import FULL, MERGE, NOTHING, PARTITIONS, decide
+from lakehouse.metadata.loader import MetadataError, load_metadata
+from lakehouse.metadata.model import Incremental
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "metadata" / "demo"
+PIPE = "user_events_etl"
+STAGES = ("bronze_ingest", "silver_clean", "gold_aggregate")
+
+
+# --------------------------------------------------------------------------- fast lane: metadata
+
+
+@pytest.mark.parametrize("block, message", [
+    ({"mode": "merge"}, "incremental mode merge needs merge_keys"),
+    ({"mode": "partitions"}, "incremental mode partitions needs partition_column"),
+    ({"mode": "merge", "merge_keys": ["id"], "partition_column": "d"}, "belong to incremental mode partitions"),
+    ({"mode": "partitions", "partition_column": "d", "order_by": "ts"}, "belong to incremental mode merge"),
+    ({"mode": "merge", "merge_keys": ["a b"]}, "is not a valid identifier"),
+    ({"mode": "append"}, "Input should be 'merge' or 'partitions'"),
+])
+def test_incremental_block_is_validated(block, message):
+    with pytest.raises(ValidationError, match=message):
+        Incremental.model_validate(block)
+
+
+def _demo_copy(tmp_path: Path, edit) -> Path:
+    d = tmp_path / "demo"
+    (d / "sql").mkdir(parents=True)
+    for p in DEMO.rglob("*"):
+        if p.is_file():
+            (d / p.relative_to(DEMO)).write_text(p.read_text())
+    y = d / "user_events.yaml"
+    y.write_text(edit(y.read_text()))
+    return d
+
+
+def test_static_checks_name_the_field_and_the_fix(tmp_path):
+    meta = _demo_copy(tmp_path, lambda s: s.replace(
+        "incremental: {mode: merge, merge_keys: [event_id]}",
+        "incremental: {mode: merge, merge_keys: [evt_id], order_by: seen_at}").replace(
+        '"CAST(event_ts AS DATE)"', '"CAST(event_ts AS"').replace(
+        "    partition_spec:\n      - {column: event_date, transform: identity}\n", "").replace(
+        "description: Daily totals and unique users\n    write_mode: overwrite",
+        "description: Daily totals and unique users\n    write_mode: append"))
+    with pytest.raises(MetadataError) as exc:
+        load_metadata(meta)
+    probs = [p.split(": ", 1)[1] for p in exc.value.problems]
+    assert any(p.startswith("stages[1].incremental.merge_keys[0]: 'evt_id' is not a column stage "
+                            "user_events_etl.silver_clean outputs (event_id,") for p in probs), probs
+    assert any(p.startswith("stages[1].incremental.order_by: 'seen_at' is not a column") for p in probs), probs
+    assert any(p.startswith("targets[2].write_mode: stage user_events_etl.gold_aggregate is incremental, so its "
+                            "target 'gold_daily_user_events' needs write_mode overwrite") for p in probs), probs
+    assert any(p.startswith("targets[2].partition_spec: stage user_events_etl.gold_aggregate recomputes partitions "
+                            "of 'event_date'") and "Fix: add {column: event_date, transform: identity}" in p
+               for p in probs), probs
+    assert any(p.startswith("stages[2].incremental.upstream_partition: cannot parse 'CAST(event_ts AS'") for p in probs)
+
+
+def test_incremental_stage_reads_exactly_one_table(tmp_path):
+    meta = _demo_copy(tmp_path, lambda s: s)
+    sql = meta / "sql" / "gold_daily_user_events.sql"
+    sql.write_text(sql.read_text().replace("FROM silver.user_events",
+                                           "FROM silver.user_events JOIN bronze.user_events b USING (event_id)"))
+    with pytest.raises(MetadataError) as exc:
+        load_metadata(meta)
+    assert any("stages[2].incremental: stage user_events_etl.gold_aggregate is incremental but its SQL reads "
+               "silver.user_events, bronze.user_events: an incremental stage reads exactly one upstream table" in p
+               for p in exc.value.problems), exc.value.problems
+
+
+# --------------------------------------------------------------------------- fast lane: decisions
+
+#: 1 <- 2 <- 3 (overwrite) <- 4 ; 9 on another line of history
+GRAPH = {1: (None, "append"), 2: (1, "append"), 3: (2, "overwrite"), 4: (3, "append"), 5: (4, "replace"),
+         9: (None, "append")}
+
+
+@pytest.mark.parametrize("mode, consumed, end, want, why", [
+    (MERGE, 1, 2, MERGE, ""),
+    (MERGE, 2, 4, FULL, "snapshot 3 is a overwrite, which merge mode cannot follow"),
+    (PARTITIONS, 2, 4, PARTITIONS, ""),
+    (PARTITIONS, 2, 5, FULL, "snapshot 5 is a replace, which partitions mode cannot follow"),
+    (MERGE, None, 2, FULL, "no snapshot of it consumed yet"),
+    (MERGE, 7, 2, FULL, "snapshot 7, consumed last, is gone (expired)"),
+    (MERGE, 9, 2, FULL, "snapshot 9, consumed last, is not an ancestor of 2"),
+    (MERGE, 2, 2, NOTHING, "was consumed already"),
+    (MERGE, 4, 2, NOTHING, "a later snapshot (4) was consumed already"),
+])
+def test_decide(mode, consumed, end, want, why):
+    d = decide(GRAPH, mode, "bronze.t", consumed, end)
+    assert d.mode == want
+    assert why in d.reason
+    if want == FULL:
+        assert d.describe().startswith(f"full recompute of bronze.t up to snapshot {end}: ")
+
+
+# --------------------------------------------------------------------------- the demo, round after round
+
+EPOCH = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+class Feed:
+    """Lands rounds of JSON-lines files and keeps the independent expectation: the latest record of
+    each event_id (later round, then later file name, wins: what bronze's _ingested_at and
+    _source_file order by), null ids dropped."""
+
+    def __init__(self, landing: Path, seed: int = 19):
+        self.dir = landing / "user_events"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rng = random.Random(seed)
+        self.latest: dict[str, dict] = {}
+        self.round = 0
+        self.n = 0
+
+    def record(self, day: int, event_id: str | None = None) -> dict:
+        self.n += 1
+        ts = EPOCH + timedelta(days=day, seconds=self.rng.randrange(86400))
+        return {"event_id": event_id or f"e{self.n:05d}", "user_id": self.rng.randrange(1, 6),
+                "event_type": self.rng.choice(["view", "CLICK", "purchase"]), "event_ts": ts.strftime("%Y-%m-%d %H:%M:%S"),
+                "country": self.rng.choice(["US", "DE", None]), "context": {"device": "ios", "app_version": "1.0"}}
+
+    def land(self, days: list[int], *, late_day: int | None = None, redeliver: int = 0) -> None:
+        """One round: two files of new events on `days`, a late event for `late_day`, `redeliver`
+        earlier events sent again with other values, one event twice across this round's files,
+        one record without an id."""
+        self.round += 1
+        first = [self.record(d) for d in days for _ in range(3)]
+        if late_day is not None:
+            first.append(self.record(late_day))
+        old = sorted(self.latest)
+        for eid in self.rng.sample(old, min(redeliver, len(old))):
+            day = (datetime.strptime(self.latest[eid]["event_ts"][:10], "%Y-%m-%d").replace(tzinfo=UTC) - EPOCH).days
+            first.append(self.record(day, event_id=eid))  # sent again, same day, other values
+        second = [dict(first[0], country="FR"), self.record(days[-1]), {**self.record(days[0]), "event_id": None}]
+        self.touched = set()
+        for i, recs in enumerate((first, second)):
+            path = self.dir / f"r{self.round:02d}_f{i}.jsonl"
+            path.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in recs))
+            for r in recs:
+                if r["event_id"] is not None:
+                    self.latest[r["event_id"]] = r
+                    self.touched.add(r["event_ts"][:10])
+
+    def silver(self) -> set[tuple]:
+        return {(r["event_id"], r["user_id"], r["event_type"].lower(), r["event_ts"], r["country"] or "unknown",
+                 r["context"]["device"]) for r in self.latest.values()}
+
+    def gold(self) -> dict[str, tuple[int, int]]:
+        days: dict[str, list] = {}
+        for r in self.latest.values():
+            days.setdefault(r["event_ts"][:10], []).append(r["user_id"])
+        return {d: (len(u), len(set(u))) for d, u in days.items()}
+
+
+def _tables(settings):
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    cat = SqlCatalog(settings.catalog_name, uri=settings.catalog_uri, warehouse=settings.warehouse)
+    silver = {(r["event_id"], r["user_id"], r["event_type"], r["event_ts"].strftime("%Y-%m-%d %H:%M:%S"), r["country"],
+               r["device"]) for r in cat.load_table("silver.user_events").scan().to_arrow().to_pylist()}
+    gold = {str(r["event_date"]): (r["total_events"], r["unique_users"])
+            for r in cat.load_table("gold.daily_user_events").scan().to_arrow().to_pylist()}
+    return cat, silver, gold
+
+
+def run_stages(platform, stages=STAGES) -> dict:
+    from lakehouse.runner import StageRunner
+
+    out = {}
+    for name in stages:
+        r = StageRunner(platform, PIPE, name)
+        outcome = r.load(r.extract())
+        assert outcome.published, (name, outcome)
+        out[name] = outcome
+    return out
+
+
+def _mode(cat, ident: str) -> str | None:
+    return cat.load_table(ident).current_snapshot().summary.additional_properties.get("lakehouse.incremental")
+
+
+def _last_incremental(platform, stage: str):
+    return [e for e in platform.store.audit_entries(pipeline_id=PIPE, event="incremental")
+            if e.stage_name == stage][-1]
+
+
+@pytest.fixture
+def demo(platform):
+    platform.store.apply(load_metadata(DEMO))
+    return platform, Feed(platform.settings.landing_dir)
+
+
+RUN = """
+from lakehouse.runner import Platform, StageRunner
+p = Platform.from_env()
+for name in ("bronze_ingest", "silver_clean", "gold_aggregate"):
+    r = StageRunner(p, "user_events_etl", name)
+    r.load(r.extract())
+"""
+
+
+def run_killed_between_silver_and_gold(tmp_path) -> None:
+    """A subprocess (its own JVM) runs the pipeline and is killed -9 in gold's step right before
+    gold's publish: silver's commit is on main, gold's is not."""
+    marker = tmp_path / "crash.marker"
+    env = {**os.environ, "LAKEHOUSE_CRASH_AT": "publish@gold_aggregate", "LAKEHOUSE_CRASH_MARKER": str(marker),
+           "LAKEHOUSE_SPARK_MASTER": "local[1]", "LAKEHOUSE_SHUFFLE_PARTITIONS": "1", "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "killed.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen([sys.executable, "-c", RUN], env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    deadline = time.monotonic() + 900
+    while not marker.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before gold's publish: {log.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError("the run never reached gold's publish")
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_five_rounds_equal_a_full_recompute_through_a_kill9(demo, tmp_path):
+    platform, feed = demo
+    # late events for old days and events sent again in later rounds; redelivered ones stay on their
+    # day, so every round leaves some days alone
+    rounds = [dict(days=[0, 1, 2]), dict(days=[3], late_day=0), dict(days=[4], late_day=1, redeliver=1),
+              dict(days=[5]), dict(days=[6], late_day=3, redeliver=2)]
+    for i, spec in enumerate(rounds, 1):
+        before = feed.gold()
+        feed.land(**spec)
+        if i == 3:
+            run_killed_between_silver_and_gold(tmp_path)
+            cat, silver, gold = _tables(platform.settings)
+            assert silver == feed.silver()  # silver committed, gold not: gold still shows the round before
+            assert gold == before
+        run_stages(platform)
+        cat, silver, gold = _tables(platform.settings)
+        assert silver == feed.silver(), f"round {i}"
+        assert gold == feed.gold(), f"round {i}"
+        if i == 1:
+            assert (_mode(cat, "silver.user_events"), _mode(cat, "gold.daily_user_events")) == (FULL, FULL)
+            continue
+        # from round 2 on: silver merged the new bronze rows, gold recomputed only the days they touched
+        assert _mode(cat, "gold.daily_user_events") == PARTITIONS, f"round {i}"
+        g = _last_incremental(platform, "gold_aggregate")
+        assert g.outcome == "incremental"
+        assert set(g.details["partitions"]) == feed.touched, (i, g.details)  # exactly the days that changed
+        assert len(feed.touched) < len(feed.gold())
+        if i != 3:  # in round 3 the killed run published silver: the rerun found nothing new for it
+            assert _mode(cat, "silver.user_events") == MERGE, f"round {i}"
+        else:
+            assert _last_incremental(platform, "silver_clean").outcome == "nothing_new"
+    # the consumed marks are where the data is: each table consumed its upstream's current snapshot
+    silver_snap = cat.load_table("silver.user_events").current_snapshot()
+    assert silver_snap.summary.additional_properties["lakehouse.consumed.bronze.user_events"] == str(
+        cat.load_table("bronze.user_events").current_snapshot().snapshot_id)
+    assert cat.load_table("gold.daily_user_events").current_snapshot().summary.additional_properties[
+        "lakehouse.consumed.silver.user_events"] == str(silver_snap.snapshot_id)
+
+
+@pytest.mark.slow
+def test_bronze_rewritten_between_rounds_falls_back_to_full(demo):
+    platform, feed = demo
+    feed.land(days=[0, 1])
+    run_stages(platform)
+    tables = platform.tables()
+    # bronze rewritten in place (the same rows, new files: an overwrite snapshot), then a new round lands
+    ident = "bronze.user_events"
+    tables.spark.table(tables.qualified(ident)).writeTo(tables.qualified(ident)).overwritePartitions()
+    feed.land(days=[1, 2], late_day=0, redeliver=2)
+    run_stages(platform)
+    cat, silver, gold = _tables(platform.settings)
+    s = _last_incremental(platform, "silver_clean")
+    assert (s.outcome, _mode(cat, "silver.user_events")) == ("fallback_full", FULL)
+    assert "which merge mode cannot follow" in s.message and "overwrite" in s.message
+    assert silver == feed.silver()
+    assert gold == feed.gold()
+    # silver's full overwrite is a change gold can follow: every day recomputed from its rows
+    assert _mode(cat, "gold.daily_user_events") == PARTITIONS
+
+
+# --------------------------------------------------------------------------- daily partitions and backfills
+
+CLICKS = """
+pipelines:
+  - {pipeline_id: clicks, owner: team:web}
+sources:
+  - {source_id: clicks_raw, kind: files, format: jsonl, path: clicks, glob: "*.jsonl",
+     columns: [{name: ts, type: string}, {name: amount, type: int}]}
+targets:
+  - {target_id: bronze_clicks, namespace: bronze, table: clicks}
+  - target_id: daily_clicks
+    namespace: gold
+    table: daily_clicks
+    write_mode: overwrite
+    partition_spec: [{column: day, transform: identity}]
+    time_partition: {column: day, start_date: "2026-11-01", upstream: "CAST(ts AS DATE)"}
+stages:
+  - {pipeline_id: clicks, stage_order: 1, stage_name: ingest, layer: bronze, source_id: clicks_raw,
+     target_id: bronze_clicks}
+  - pipeline_id: clicks
+    stage_order: 2
+    stage_name: rollup
+    layer: gold
+    target_id: daily_clicks
+    validation_set_id: clicks_rules
+    transformation: >-
+      SELECT CAST(ts AS DATE) AS day, count(*) AS clicks, sum(amount) AS amount
+      FROM bronze.clicks GROUP BY CAST(ts AS DATE)
+validation_rules:
+  - rule_set_id: clicks_rules
+    rules: [{name: clicks_positive, type: expression, expression: "clicks > 0", severity: error}]
+"""
+
+
+def test_time_partition_is_checked_statically(tmp_path):
+    (tmp_path / "m.yaml").write_text(CLICKS.replace("partition_spec: [{column: day, transform: identity}]",
+                                                    "partition_spec: []").replace('"CAST(ts AS DATE)"', '"CAST(ts AS"'))
+    with pytest.raises(MetadataError) as exc:
+        load_metadata(tmp_path)
+    probs = [p.split(": ", 1)[1] for p in exc.value.problems]
+    assert any(p.startswith("targets[1].partition_spec: target 'daily_clicks' has daily partitions of 'day', so target "
+                            "'daily_clicks' needs the identity partition 'day'") for p in probs), probs
+    assert any(p.startswith("targets[1].time_partition.upstream: cannot parse 'CAST(ts AS'") for p in probs), probs
+
+
+def _clicks(cat) -> dict[str, tuple[int, int]]:
+    return {str(r["day"]): (r["clicks"], r["amount"]) for r in cat.load_table("gold.daily_clicks").scan().to_arrow().to_pylist()}
+
+
+@pytest.mark.slow
+def test_backfill_of_three_days_from_the_cli_rewrites_exactly_those(platform, tmp_path, capsys):
+    import dagster as dg
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from lakehouse.cli import main as cli
+    from lakehouse.runner import StageRunner
+    from lakehouse.validation.history import check_history
+    from lakehouse_assets.definitions import build_definitions
+
+    landing = platform.settings.landing_dir / "clicks"
+    landing.mkdir(parents=True)
+
+    def land(name: str, clicks: list[tuple[str, int]]) -> None:
+        (landing / name).write_text("".join(json.dumps({"ts": t, "amount": a}) + "\n" for t, a in clicks))
+
+    land("a.jsonl", [(f"2026-11-0{d} 0{h}:00:00", 1) for d in range(1, 7) for h in (1, 2)])  # 2 clicks a day
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "clicks.yaml").write_text(CLICKS)
+    platform.store.apply(load_metadata(tmp_path / "m"))
+
+    # the asset is daily-partitioned, a backfill of a range is one run
+    key = dg.AssetKey(["gold", "daily_clicks"])
+    defs = build_definitions(platform)
+    asset = defs.get_assets_def(key)
+    assert isinstance(asset.partitions_def, dg.DailyPartitionsDefinition)
+    assert asset.partitions_def.start.date().isoformat() == "2026-11-01"
+    assert asset.backfill_policy == dg.BackfillPolicy.single_run()
+
+    def run(stage: str) -> None:
+        r = StageRunner(platform, "clicks", stage)
+        assert r.load(r.extract()).published
+
+    run("ingest")
+    run("rollup")  # an unpartitioned run computes every day
+    s = platform.settings
+    cat = SqlCatalog(s.catalog_name, uri=s.catalog_uri, warehouse=s.warehouse)
+    before = _clicks(cat)
+    assert before == {f"2026-11-0{d}": (2, 2) for d in range(1, 7)}
+
+    # late clicks for 11-02..11-05 land upstream; the backfill of 11-02..11-04 rewrites those three days only
+    land("b.jsonl", [(f"2026-11-0{d} 05:00:00", 10) for d in (2, 3, 4, 5)])
+    run("ingest")
+    assert cli(["backfill", "clicks", "--from", "2026-11-02", "--to", "2026-11-04"]) == 0
+    assert "2026-11-02..2026-11-04" in capsys.readouterr().out
+    after = _clicks(cat)
+    assert after == {**before, "2026-11-02": (3, 12), "2026-11-03": (3, 12), "2026-11-04": (3, 12)}  # 11-05 untouched
+    props = cat.load_table("gold.daily_clicks").current_snapshot().summary.additional_properties
+    assert (props["lakehouse.incremental"], props["lakehouse.partition_window"]) == ("window", "2026-11-02..2026-11-04")
+    assert props["changed-partition-count"] == "3"
+    # through write-audit-publish: the rule ran on the run's audit branch, which the publish removed
+    run_id = props["lakehouse.run_id"]
+    assert [(h["rule"], h["passed"]) for h in check_history(platform.store, "gold.daily_clicks")
+            if h["run_id"] == run_id] == [("clicks_positive", True)]
+    assert [e.event for e in platform.store.audit_entries(run_id=run_id) if e.event in ("partition_window", "published")] \
+        == ["partition_window", "published"]
+    assert not [r for r in cat.load_table("gold.daily_clicks").metadata.refs if r.startswith("audit_")]
+
+    # the UI's way: a run of the partitioned asset for one day (11-05) rewrites that day
+    job = defs.resolve_implicit_global_asset_job_def()
+    res = job.execute_in_process(partition_key="2026-11-05", asset_selection=[key], raise_on_error=False,
+                                 instance=dg.DagsterInstance.ephemeral())
+    assert res.success
+    assert _clicks(cat) == {**after, "2026-11-05": (3, 12)}
+    props = cat.load_table("gold.daily_clicks").current_snapshot().summary.additional_properties
+    assert (props["lakehouse.partition_window"], props["changed-partition-count"]) == ("2026-11-05..2026-11-05", "1")
+
+    # a range before the first partition is refused before anything runs
+    assert cli(["backfill", "clicks", "--from", "2026-10-30", "--to", "2026-11-01"]) == 2
+    assert "before the first partition of gold.daily_clicks, 2026-11-01" in capsys.readouterr().out
