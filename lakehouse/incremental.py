@@ -193,6 +193,17 @@ class IncrementalRead:
         graph = snapshot_graph(cat.load_table(self.upstream).metadata) if consumed is not None else {}
         return decide(graph, self.inc.mode, self.upstream, consumed, self.end)
 
+    def _newest(self, out: DataFrame) -> DataFrame:
+        """merge with order_by: one row per key, the newest (in a change set and in a full recompute
+        alike, so both give the same table)."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        if self.inc is None or self.inc.mode != MERGE or not self.inc.order_by:
+            return out
+        w = Window.partitionBy(*self.inc.merge_keys).orderBy(F.col(self.inc.order_by).desc_nulls_first())
+        return out.withColumn("__lh_rank", F.row_number().over(w)).where("__lh_rank = 1").drop("__lh_rank")
+
     def _props(self) -> dict[str, str]:
         return {"lakehouse.upstream": json.dumps({self.upstream: self.end}, separators=(",", ":")),
                 "lakehouse.run_id": self.ctx.run_id}
@@ -214,7 +225,6 @@ class IncrementalRead:
         return [r[0] for r in changes.select(expr.alias("p")).distinct().collect()]
 
     def batches(self) -> Iterator[Batch]:
-        from pyspark.sql import Window
         from pyspark.sql import functions as F
 
         fork = self._fork()
@@ -239,16 +249,13 @@ class IncrementalRead:
             props[CONSUMED_PREFIX + self.upstream] = str(self.end)
         cat = self.ctx.platform.settings.catalog_name
         if d.mode == FULL:
-            yield Batch(self.run_sql(self.ctx, self.plan, None), props, label="sql (full recompute)",
+            yield Batch(self._newest(self.run_sql(self.ctx, self.plan, None)), props, label="sql (full recompute)",
                         write=WriteSpec("overwrite"))
         elif d.mode == MERGE:
             changed = self._reader(start_snapshot_id=d.consumed, end_snapshot_id=d.end).load(f"{cat}.{self.upstream}")
-            out = self.run_sql(self.ctx, self.plan, {self.upstream: changed})
-            keys, order = tuple(self.inc.merge_keys), self.inc.order_by
-            if order:  # duplicates within the change set first: the newest row of each key
-                w = Window.partitionBy(*keys).orderBy(F.col(order).desc_nulls_first())
-                out = out.withColumn("__lh_rank", F.row_number().over(w)).where("__lh_rank = 1").drop("__lh_rank")
-            yield Batch(out, props, label="sql (merge of the change set)", write=WriteSpec(MERGE, keys, order))
+            out = self._newest(self.run_sql(self.ctx, self.plan, {self.upstream: changed}))
+            yield Batch(out, props, label="sql (merge of the change set)",
+                        write=WriteSpec(MERGE, tuple(self.inc.merge_keys), self.inc.order_by))
         else:
             expr = F.expr(self.inc.upstream_partition) if self.inc.upstream_partition else F.col(self.inc.partition_column)
             rows = self._reader(snapshot_id=d.end).load(f"{cat}.{self.upstream}").where(_in(expr, touched))

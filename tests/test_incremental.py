@@ -305,6 +305,54 @@ def test_bronze_rewritten_between_rounds_falls_back_to_full(demo):
     assert _mode(cat, "gold.daily_user_events") == PARTITIONS
 
 
+VERSIONS = """
+pipelines:
+  - {pipeline_id: versions}
+sources:
+  - {source_id: versions_raw, kind: files, format: jsonl, path: versions, glob: "*.jsonl",
+     columns: [{name: id, type: string}, {name: version, type: int}, {name: value, type: string}]}
+targets:
+  - {target_id: bronze_versions, namespace: bronze, table: versions}
+  - {target_id: silver_versions, namespace: silver, table: versions, write_mode: overwrite}
+stages:
+  - {pipeline_id: versions, stage_order: 1, stage_name: ingest, layer: bronze, source_id: versions_raw,
+     target_id: bronze_versions}
+  - {pipeline_id: versions, stage_order: 2, stage_name: latest, layer: silver, target_id: silver_versions,
+     transformation: "SELECT id, version, value FROM bronze.versions",
+     incremental: {mode: merge, merge_keys: [id], order_by: version}}
+"""
+
+
+@pytest.mark.slow
+def test_merge_order_by_keeps_the_newest_version_whatever_arrives_when(platform, tmp_path):
+    """order_by: duplicates of a key in one change set keep the highest version, and a version older
+    than the target's, arriving later, changes nothing; the full first run dedupes the same way."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from lakehouse.runner import StageRunner
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "v.yaml").write_text(VERSIONS)
+    platform.store.apply(load_metadata(tmp_path / "m"))
+    landing = platform.settings.landing_dir / "versions"
+    landing.mkdir(parents=True)
+    s = platform.settings
+    cat = SqlCatalog(s.catalog_name, uri=s.catalog_uri, warehouse=s.warehouse)
+
+    def round_(name: str, rows: list[tuple[str, int, str]]) -> dict:
+        (landing / name).write_text("".join(json.dumps({"id": i, "version": v, "value": x}) + "\n" for i, v, x in rows))
+        for stage in ("ingest", "latest"):
+            r = StageRunner(platform, "versions", stage)
+            assert r.load(r.extract()).published
+        return {r["id"]: (r["version"], r["value"]) for r in cat.load_table("silver.versions").scan().to_arrow().to_pylist()}
+
+    assert round_("1.jsonl", [("a", 1, "x"), ("a", 3, "z"), ("b", 1, "p")]) == {"a": (3, "z"), "b": (1, "p")}
+    assert _mode(cat, "silver.versions") == FULL
+    got = round_("2.jsonl", [("a", 2, "late"), ("b", 2, "q"), ("c", 1, "old"), ("c", 5, "new")])
+    assert got == {"a": (3, "z"), "b": (2, "q"), "c": (5, "new")}
+    assert _mode(cat, "silver.versions") == MERGE
+
+
 # --------------------------------------------------------------------------- daily partitions and backfills
 
 CLICKS = """

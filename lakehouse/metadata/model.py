@@ -89,7 +89,8 @@ class Incremental(BaseModel):
     merge_keys: list[str] = Field(default_factory=list, description="merge: the output columns identifying a row")
     order_by: str | None = Field(
         default=None, description="merge: the output column telling which of two rows with one key is newer "
-        "(the higher wins, within the change set and against the target); unset: the later-appended row wins "
+        "(the higher wins: in the change set, against the target, in a full recompute); unset: the later-appended "
+        "row wins "
         "and the SQL must output one row per key")
     partition_column: str | None = Field(
         default=None, description="partitions: the output column the target is identity-partitioned by")
