@@ -185,8 +185,11 @@ class IncrementalRead:
         retry_metadata_commit(self.tables, self.ident, lambda: self.tables.create_branch(self.ident, branch))
         return self.tables.snapshot_id(self.ident, branch)
 
+    def _from_replica(self) -> bool:
+        return self.upstream in self.plan.details.get("table_overrides", {})
+
     def decide(self, fork: int | None) -> Decision:
-        if self.upstream in self.plan.details.get("table_overrides", {}):
+        if self._from_replica():
             return Decision(FULL, self.upstream, None, self.end, "it was read from its replica")
         cat = self.ctx.platform.pyiceberg_catalog()
         consumed = consumed_marks(cat.load_table(self.ident).metadata, fork).get(self.upstream) if fork else None
@@ -245,7 +248,7 @@ class IncrementalRead:
                 self.tables.drop_branch(self.ident, branch_name_for_run(self.ctx.run_id))
             return
         props = {**self._props(), MODE_PROPERTY: d.mode}
-        if self.end is not None:
+        if self.end is not None and not self._from_replica():  # a replica's snapshot ids are not the upstream's
             props[CONSUMED_PREFIX + self.upstream] = str(self.end)
         cat = self.ctx.platform.settings.catalog_name
         if d.mode == FULL:
