@@ -49,9 +49,14 @@ class Platform:
         return self.s3_clients
 
     @classmethod
+    def from_settings(cls, settings: Settings, s3_clients: S3Clients | None = None) -> Platform:
+        return cls(settings, MetadataStore(settings.control_db_url), s3_clients)
+
+    @classmethod
     def from_env(cls, s3_clients: S3Clients | None = None) -> Platform:
-        s = load_settings()
-        return cls(s, MetadataStore(s.control_db_url), s3_clients)
+        """For entry points only (the CLI, the load service, tests): the Dagster layer builds its
+        platform from `LakehouseResource` (resources/lakehouse.py), the domain receives one."""
+        return cls.from_settings(load_settings(), s3_clients)
 
     def spark(self) -> SparkSession:
         from lakehouse.spark import get_spark

@@ -57,8 +57,8 @@ class StageRunner(StageContext):
     """One stage of one pipeline in one run: the context its features see, plus the orchestration."""
 
     def __init__(self, platform: Platform, pipeline_id: str, stage_name: str, run_id: str | None = None,
-                 logger: logging.Logger | None = None):
-        super().__init__(platform, pipeline_id, stage_name, run_id, logger or log)
+                 logger: logging.Logger | None = None, run_tags: dict[str, str] | None = None):
+        super().__init__(platform, pipeline_id, stage_name, run_id, logger or log, run_tags=run_tags)
         self.adapter_for = adapter_for  # features reach the source adapters through the context
         self.reroute = self._reroute
 

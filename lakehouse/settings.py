@@ -7,6 +7,7 @@ are never part of `repr()`, logs or materialization metadata.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,10 +68,40 @@ class Settings:
         return os.environ.get(self.catalog_user_env), os.environ.get(self.catalog_password_env)
 
 
-def load_settings() -> Settings:
-    """Read settings now (not at import) so a test or a CLI flag can change the environment first."""
-    home = Path(_env("LAKEHOUSE_HOME", str(Path.cwd() / ".lakehouse"))).resolve()
-    warehouse = _env("LAKEHOUSE_WAREHOUSE", f"file://{home / 'warehouse'}")
+#: Each setting a deployment configures and the environment variable it is read from. The Dagster
+#: layer's `LakehouseResource` has one field per entry (resources/lakehouse.py), so settings reach
+#: Dagster through that one resource, and reach everything else (CLI, load service, tests) from the
+#: environment, by the same names.
+ENV_VARS: dict[str, str] = {
+    "home": "LAKEHOUSE_HOME",
+    "control_db_url": "LAKEHOUSE_CONTROL_DB_URL",
+    "catalog_name": "LAKEHOUSE_CATALOG_NAME",
+    "catalog_uri": "LAKEHOUSE_CATALOG_URI",
+    "warehouse": "LAKEHOUSE_WAREHOUSE",
+    "metadata_dir": "LAKEHOUSE_METADATA_DIR",
+    "spark_master": "LAKEHOUSE_SPARK_MASTER",
+    "spark_jars": "LAKEHOUSE_SPARK_JARS",
+    "spark_packages": "LAKEHOUSE_SPARK_PACKAGES",
+    "s3_endpoint_url": "LAKEHOUSE_S3_ENDPOINT_URL",
+    "datahub_gms_url": "DATAHUB_GMS_URL",
+}
+
+
+def load_settings(overrides: Mapping[str, str | None] | None = None) -> Settings:
+    """Read settings now (not at import) so a test or a CLI flag can change the environment first.
+
+    `overrides`: values by setting name (`ENV_VARS`) that win over the environment; None or "" means
+    "not set here" (the environment, then the embedded default, decides)."""
+    given = {k: v for k, v in (overrides or {}).items() if v not in (None, "")}
+    unknown = set(given) - set(ENV_VARS)
+    if unknown:
+        raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(ENV_VARS)}")
+
+    def get(name: str, default: str | None = None) -> str | None:
+        return given[name] if name in given else _env(ENV_VARS[name], default)
+
+    home = Path(get("home", str(Path.cwd() / ".lakehouse"))).resolve()
+    warehouse = get("warehouse", f"file://{home / 'warehouse'}")
     conf = {}
     for k, v in os.environ.items():
         # LAKEHOUSE_SPARK_CONF__spark.executor.memory=4g style pass-through
@@ -78,15 +109,15 @@ def load_settings() -> Settings:
             conf[k[len("LAKEHOUSE_SPARK_CONF__") :]] = v
     return Settings(
         home=home,
-        control_db_url=_env("LAKEHOUSE_CONTROL_DB_URL", f"sqlite:///{home / 'control.db'}"),
-        catalog_name=_env("LAKEHOUSE_CATALOG_NAME", "lake"),
-        catalog_uri=_env("LAKEHOUSE_CATALOG_URI", f"sqlite:///{home / 'catalog.db'}"),
+        control_db_url=get("control_db_url", f"sqlite:///{home / 'control.db'}"),
+        catalog_name=get("catalog_name", "lake"),
+        catalog_uri=get("catalog_uri", f"sqlite:///{home / 'catalog.db'}"),
         warehouse=warehouse,
-        metadata_dir=Path(_env("LAKEHOUSE_METADATA_DIR", str(Path.cwd() / "metadata" / "demo"))),
-        spark_master=_env("LAKEHOUSE_SPARK_MASTER", "local[*]"),
-        spark_jars=_env("LAKEHOUSE_SPARK_JARS"),
-        spark_packages=_env("LAKEHOUSE_SPARK_PACKAGES"),
+        metadata_dir=Path(get("metadata_dir", str(Path.cwd() / "metadata" / "demo"))),
+        spark_master=get("spark_master", "local[*]"),
+        spark_jars=get("spark_jars"),
+        spark_packages=get("spark_packages"),
         spark_conf=conf,
-        s3_endpoint_url=_env("LAKEHOUSE_S3_ENDPOINT_URL"),
-        datahub_gms_url=_env("DATAHUB_GMS_URL"),
+        s3_endpoint_url=get("s3_endpoint_url"),
+        datahub_gms_url=get("datahub_gms_url"),
     )

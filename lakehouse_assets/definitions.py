@@ -43,7 +43,10 @@ REPOSITORY_NAME = "__repository__"  # the name dg.Definitions gives its reposito
 
 
 def _resources() -> dict:
-    return {"lakehouse": LakehouseResource.from_settings(), "iceberg_io_manager": IcebergIOManager(), "pyspark": spark_resource()}
+    """Settings reach Dagster through `lakehouse` alone; the IO manager and Spark are built from it."""
+    lakehouse = LakehouseResource.from_settings()
+    return {"lakehouse": lakehouse, "iceberg_io_manager": IcebergIOManager(lakehouse=lakehouse),
+            "pyspark": spark_resource(lakehouse.settings())}
 
 
 @contextlib.contextmanager
@@ -66,7 +69,7 @@ def build_definitions(platform: Platform | None = None, *, pipelines: Iterable[s
     schedules or other assets)."""
     started = time.monotonic()
     with _no_cyclic_gc():
-        defs = _build(platform or Platform.from_env(), pipelines)
+        defs = _build(platform or LakehouseResource.from_settings().platform(), pipelines)
         defs.get_repository_def()  # cached: the asset graph and repository, built here without the collector
     _trace(pipelines, defs, time.monotonic() - started)
     return defs
@@ -130,7 +133,7 @@ class LakehouseRepositoryData(dg.RepositoryData):
         self._snapshot_ids_ready = False
 
     def _get_platform(self) -> Platform:
-        return self._platform or Platform.from_env()
+        return self._platform or LakehouseResource.from_settings().platform()
 
     def _data(self) -> dg.RepositoryData:
         with self._lock:

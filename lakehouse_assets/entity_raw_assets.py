@@ -13,6 +13,7 @@ from lakehouse.metadata.model import Application, MetadataCatalog
 from lakehouse.runner import Platform
 from lakehouse.service import jobs
 from lakehouse.service.runs import load_job_name
+from resources.lakehouse import LakehouseResource
 
 TABLES_JOB = "entity_raw_tables_job"
 
@@ -63,11 +64,11 @@ def _sensor(app: Application, source_id: str) -> dg.SensorDefinition:
         minimum_interval_seconds=30,
         default_status=dg.DefaultSensorStatus.STOPPED,
     )
-    def _arrivals(context: dg.SensorEvaluationContext):
+    def _arrivals(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
         from lakehouse.ingest.s3 import ARRIVAL_TAG
         from lakehouse.sources.arrivals import poll_source
 
-        platform = Platform.from_env()
+        platform = lakehouse.platform()
         decision = poll_entity_raw(platform, app_id, context.cursor, poll_source)
         if decision.cursor is not None:
             context.update_cursor(decision.cursor)
@@ -115,8 +116,8 @@ def entity_raw_tables_job():
     "creates missing tables itself (PyIceberg, milliseconds) and launches no run; "
     f"`{TABLES_JOB}` does the same on demand.",
 )
-def entity_raw_tables_schedule(context: dg.ScheduleEvaluationContext):
-    created = entity_raw.ensure_all_tables(Platform.from_env())
+def entity_raw_tables_schedule(context: dg.ScheduleEvaluationContext, lakehouse: LakehouseResource):
+    created = entity_raw.ensure_all_tables(lakehouse.platform())
     return dg.SkipReason("created " + ", ".join(created) if created else "every registered application has its table")
 
 

@@ -138,7 +138,9 @@ class _Step:
     def runner(self, context: dg.OpExecutionContext) -> StageRunner:
         platform = context.resources.lakehouse.platform()
         preflight(context, platform)  # the whole run, before any write; cached per run
-        return StageRunner(platform, self.pipeline_id, self.stage_name, context.run_id, context.log)
+        # the run's tags, e.g. the arrival sensor's lakehouse/arrival_batch
+        return StageRunner(platform, self.pipeline_id, self.stage_name, context.run_id, context.log,
+                           run_tags=dict(context.run_tags))
 
     def retry(self, runner: StageRunner, context: dg.OpExecutionContext, exc: Exception, phase: str):
         """The stage's retry policy (read now) decides: a RetryRequested, or None to fail."""
@@ -155,7 +157,6 @@ class _Extract:
     def __call__(self, context, inputs) -> Iterator:
         step = self.step
         runner = step.runner(context)
-        runner.run_tags = dict(context.run_tags)  # e.g. the sensor's lakehouse/arrival_batch
         try:
             plan = runner.extract()
         except StageDisabled as exc:

@@ -16,6 +16,7 @@ import dagster as dg
 
 from lakehouse.metadata.model import MetadataCatalog
 from lakehouse.run_summary import CheckReport, RunSummary, StageReport
+from resources.lakehouse import LakehouseResource
 
 SENSOR_NAME = "lakehouse_run_summary"
 PIPELINE_TAG = "lakehouse/pipeline"
@@ -134,9 +135,7 @@ def build_run_summary_sensor() -> dg.SensorDefinition:
     @dg.sensor(name=SENSOR_NAME, minimum_interval_seconds=15, default_status=dg.DefaultSensorStatus.RUNNING,
                description="Tag every finished pipeline run with its per-stage summary (lakehouse/outcome, "
                            "lakehouse/summary) and write it to the audit log, as `lakehouse run` does.")
-    def run_summary_sensor(context: dg.SensorEvaluationContext):
-        from lakehouse.runner import Platform
-
+    def run_summary_sensor(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
         since = datetime.fromisoformat(context.cursor) if context.cursor else None
         records = context.instance.get_run_records(
             filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE],
@@ -146,7 +145,7 @@ def build_run_summary_sensor() -> dg.SensorDefinition:
         if records:
             newest = max(r.update_timestamp for r in records)
             context.update_cursor((newest if newest.tzinfo else newest.replace(tzinfo=UTC)).isoformat())
-        platform = Platform.from_env()
+        platform = lakehouse.platform()
         catalog = platform.store.load() if todo else None
         done = []
         for run in todo:  # pipeline jobs, and "Materialize" runs of the asset graph that hold stages

@@ -15,7 +15,7 @@ import dagster as dg
 from lakehouse.iceberg import branch_name_for_run
 from lakehouse.metadata.model import Target
 from lakehouse.publish import publish
-from lakehouse.runner import Platform
+from resources.lakehouse import LakehouseResource
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ def identifier_for_key(key: dg.AssetKey) -> str:
 
 
 class IcebergIOManager(dg.ConfigurableIOManager):
+    lakehouse: LakehouseResource  # the platform, as every asset gets it (the code location's one resource)
+
     def handle_output(self, context: dg.OutputContext, obj) -> None:
         if obj is None or isinstance(obj, PublishedTable):
             return
@@ -40,7 +42,7 @@ class IcebergIOManager(dg.ConfigurableIOManager):
 
         if not isinstance(obj, DataFrame):
             raise TypeError(f"IcebergIOManager stores Spark DataFrames, got {type(obj).__name__}")
-        platform = Platform.from_env()
+        platform = self.lakehouse.platform()
         ident = identifier_for_key(context.asset_key)
         ns, tbl = ident.split(".", 1)
         mode = (context.definition_metadata or {}).get("write_mode", "overwrite")
@@ -55,6 +57,6 @@ class IcebergIOManager(dg.ConfigurableIOManager):
         context.add_output_metadata({"table": ident, "snapshot_id": str(snap), "rows_written": res.rows_written})
 
     def load_input(self, context: dg.InputContext):
-        platform = Platform.from_env()
+        platform = self.lakehouse.platform()
         ident = identifier_for_key(context.asset_key)
         return platform.tables().read(ident)

@@ -1,30 +1,68 @@
-"""The platform resource: settings and control DB, read from the environment at use time, and S3
-through dagster-aws's `S3Resource`."""
+"""The platform resource: the one way settings reach Dagster, and the `Platform` built from them."""
 
 from __future__ import annotations
 
+import os
+
 import dagster as dg
 from dagster_aws.s3 import S3Resource
+from pydantic import Field
 
 from lakehouse.platform import Platform
 from lakehouse.s3access import S3Clients, s3_resource
+from lakehouse.settings import ENV_VARS, Settings, load_settings
+
+_UNSET = "Unset: the environment variable of the same setting (lakehouse.settings.ENV_VARS), else the embedded default."
 
 
 class LakehouseResource(dg.ConfigurableResource):
-    """Hands a `Platform` to assets, sensors and schedules.
+    """The platform's settings as Dagster configuration, and the `Platform` every asset, check,
+    sensor, schedule and the IO manager gets from `platform()`.
+
+    One field per setting (`lakehouse.settings.ENV_VARS`). A field left unset is read from the
+    environment when the platform is built, as the CLI reads it. The code location configures every
+    setting its environment sets as a `dg.EnvVar` (`from_settings`), so the UI's resource page shows
+    the variable's name, never its value: the control DB URL may carry a password, and the S3 and
+    catalog credentials stay in the environment altogether (boto3's chain,
+    `LAKEHOUSE_CATALOG_USER`/`_PASSWORD`), never in configuration.
 
     Nothing is cached on the resource: each step re-reads the control DB, which is what lets a
     metadata update (a flag, a throttle, a rule) apply without a code-location reload. Every S3
-    client the step's domain code uses comes from `s3` (endpoint and region are configuration;
-    credentials stay in the environment, read by boto3 when a client is made, never shown).
+    client the step's domain code uses comes from `s3` (endpoint and region are configuration).
     """
 
+    home: str | None = Field(default=None, description=f"Platform home (LAKEHOUSE_HOME). {_UNSET}")
+    control_db_url: str | None = Field(default=None, description="Control DB SQLAlchemy URL; may carry a "
+                                       f"password: configure it as an EnvVar. {_UNSET}")
+    catalog_name: str | None = Field(default=None, description=f"Iceberg catalog name. {_UNSET}")
+    catalog_uri: str | None = Field(default=None, description=f"Iceberg SQL catalog URL. {_UNSET}")
+    warehouse: str | None = Field(default=None, description=f"Iceberg warehouse location. {_UNSET}")
+    metadata_dir: str | None = Field(default=None, description=f"Metadata folder. {_UNSET}")
+    spark_master: str | None = Field(default=None, description=f"Spark master. {_UNSET}")
+    spark_jars: str | None = Field(default=None, description=f"spark.jars. {_UNSET}")
+    spark_packages: str | None = Field(default=None, description=f"spark.jars.packages. {_UNSET}")
+    s3_endpoint_url: str | None = Field(default=None, description=f"S3 endpoint for the platform. {_UNSET}")
+    datahub_gms_url: str | None = Field(default=None, description=f"DataHub GMS URL. {_UNSET}")
     s3: S3Resource | None = None  # None: the same resource class configured from settings (as the CLI)
 
     @classmethod
     def from_settings(cls) -> LakehouseResource:
-        """The resource as the code location configures it: S3 endpoint from settings."""
-        return cls(s3=s3_resource(None))
+        """The resource as the code location configures it: each setting the environment sets, as
+        an `EnvVar` (resolved by Dagster in the process that runs the step); S3 from settings."""
+        configured = {name: dg.EnvVar(var) for name, var in ENV_VARS.items() if os.environ.get(var)}
+        return cls(s3=s3_resource(None), **configured)
+
+    def settings(self) -> Settings:
+        """Settings from this resource's fields, the environment filling what they leave unset.
+
+        Inside a run Dagster has resolved every `EnvVar` field; the code location's own build (which
+        uses the resource before any run) resolves them here, the same way."""
+        return load_settings({name: _resolved(getattr(self, name)) for name in ENV_VARS})
 
     def platform(self) -> Platform:
-        return Platform.from_env(S3Clients.from_resource(self.s3) if self.s3 is not None else None)
+        return Platform.from_settings(self.settings(),
+                                      S3Clients.from_resource(self.s3) if self.s3 is not None else None)
+
+
+def _resolved(value: str | None) -> str | None:
+    return value.get_value() if isinstance(value, dg.EnvVar) else value

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dagster as dg
 
 from lakehouse.metadata.model import MetadataCatalog
-from lakehouse.runner import Platform
 from lakehouse.throughput.queue import instance_of, request_tags
+from resources.lakehouse import LakehouseResource
 
 
 def build_schedules(catalog: MetadataCatalog) -> list[dg.ScheduleDefinition]:
@@ -27,8 +27,8 @@ def _schedule(pipeline_id: str, cron: str, tz: str) -> dg.ScheduleDefinition:
         description=f"Runs pipeline {pipeline_id!r} on its metadata cron {cron!r}.",
         default_status=dg.DefaultScheduleStatus.STOPPED,
     )
-    def _sched(context: dg.ScheduleEvaluationContext):
-        platform = Platform.from_env()
+    def _sched(context: dg.ScheduleEvaluationContext, lakehouse: LakehouseResource):
+        platform = lakehouse.platform()
         ok, reason = platform.store.enabled(pipeline_id)
         if not ok:
             return dg.SkipReason(reason)

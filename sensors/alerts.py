@@ -14,14 +14,14 @@ import dagster as dg
 from lakehouse import alerts
 from lakehouse.dagster_runs import failure_summary
 from lakehouse.runner import Platform
+from resources.lakehouse import LakehouseResource
 
 FAILURE_SENSOR = "lakehouse_alerts_run_failure"
 CANCELED_SENSOR = "lakehouse_alerts_run_canceled"
 DELIVERY_SENSOR = "lakehouse_alerts_delivery"
 
 
-def _report(context, run: dg.DagsterRun, status: str, fallback: str) -> dg.SkipReason:
-    platform = Platform.from_env()
+def _report(context, platform: Platform, run: dg.DagsterRun, status: str, fallback: str) -> dg.SkipReason:
     message, failed = failure_summary(context.instance, run.run_id, fallback, platform.catalog())
     res = alerts.run_finished(platform.store, run_id=run.run_id, status=status, job_name=run.job_name,
                               tags=dict(run.tags), message=message, failed=failed)
@@ -32,23 +32,23 @@ def _report(context, run: dg.DagsterRun, status: str, fallback: str) -> dg.SkipR
 
 @dg.run_failure_sensor(name=FAILURE_SENSOR, default_status=dg.DefaultSensorStatus.RUNNING,
                        description="A failed run becomes an alert to the channels of `alert_channels`.")
-def run_failure_alerts(context: dg.RunFailureSensorContext):
-    return _report(context, context.dagster_run, "FAILURE", context.failure_event.message or "run failed")
+def run_failure_alerts(context: dg.RunFailureSensorContext, lakehouse: LakehouseResource):
+    return _report(context, lakehouse.platform(), context.dagster_run, "FAILURE", context.failure_event.message or "run failed")
 
 
 @dg.run_status_sensor(run_status=dg.DagsterRunStatus.CANCELED, name=CANCELED_SENSOR,
                       default_status=dg.DefaultSensorStatus.RUNNING,
                       description="A killed (cancelled / terminated) run becomes an alert.")
-def run_canceled_alerts(context: dg.RunStatusSensorContext):
+def run_canceled_alerts(context: dg.RunStatusSensorContext, lakehouse: LakehouseResource):
     run = context.dagster_run
-    return _report(context, run, "CANCELED", f"run {run.run_id} of {run.job_name} was cancelled")
+    return _report(context, lakehouse.platform(), run, "CANCELED", f"run {run.run_id} of {run.job_name} was cancelled")
 
 
 @dg.sensor(name=DELIVERY_SENSOR, default_status=dg.DefaultSensorStatus.RUNNING,
            minimum_interval_seconds=int(os.environ.get("LAKEHOUSE_ALERT_RETRY_INTERVAL", "30")),
            description="Retry alerts a channel could not take (endpoint down, rate limited) with backoff.")
-def alert_delivery(context: dg.SensorEvaluationContext):
-    out = alerts.deliver_due(Platform.from_env().store)
+def alert_delivery(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
+    out = alerts.deliver_due(lakehouse.platform().store)
     return dg.SkipReason(f"sent {out.sent}, still pending {out.pending}, given up {out.failed}"
                          if out.sent or out.pending or out.failed else "no alert waiting")
 

@@ -31,6 +31,7 @@ from lakehouse.runner import Platform
 from lakehouse.sources.arrivals import poll_arrivals
 from lakehouse.throughput.queue import instance_of, request_tags
 from lakehouse_assets.factory import Graph, job_name, source_asset_key
+from resources.lakehouse import LakehouseResource
 
 SENSOR_NAME = "lakehouse_arrivals"
 SOURCE_TAG = "lakehouse/source"
@@ -172,7 +173,7 @@ def build_arrival_sensor(g: Graph, jobs: Sequence) -> dg.SensorDefinition | None
         minimum_interval_seconds=int(os.environ.get("LAKEHOUSE_ARRIVALS_INTERVAL", "30")),
         default_status=dg.DefaultSensorStatus.STOPPED,
     )
-    def arrivals(context: dg.SensorEvaluationContext):
-        return evaluate(context, Platform.from_env(), watched)
+    def arrivals(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
+        return evaluate(context, lakehouse.platform(), watched)
 
     return arrivals

@@ -12,7 +12,7 @@ import os
 import dagster as dg
 
 from lakehouse.control.killswitch import enforce
-from lakehouse.runner import Platform
+from resources.lakehouse import LakehouseResource
 
 SENSOR_NAME = "lakehouse_kill_switch"
 
@@ -24,8 +24,8 @@ def build_killswitch_sensor() -> dg.SensorDefinition:
         minimum_interval_seconds=int(os.environ.get("LAKEHOUSE_KILL_SWITCH_INTERVAL", "5")),
         default_status=dg.DefaultSensorStatus.RUNNING,
     )
-    def kill_switch(context: dg.SensorEvaluationContext):
-        stopped = enforce(context.instance, Platform.from_env())
+    def kill_switch(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
+        stopped = enforce(context.instance, lakehouse.platform())
         if not stopped:
             return dg.SkipReason("no active run of a disabled pipeline")
         return dg.SkipReason("; ".join(f"{d.action} {d.run_id[:8]} ({d.pipeline_id}): {d.reason}" for d in stopped))

@@ -14,6 +14,7 @@ import dagster as dg
 from lakehouse.runner import Platform
 from lakehouse.throughput.pools import sync_instance
 from lakehouse.throughput.queue import retag_queued_runs
+from resources.lakehouse import LakehouseResource
 
 SENSOR_NAME = "lakehouse_throughput_sync"
 
@@ -31,7 +32,7 @@ def build_throughput_sensor() -> dg.SensorDefinition:
         minimum_interval_seconds=int(os.environ.get("LAKEHOUSE_THROUGHPUT_SENSOR_INTERVAL", "30")),
         default_status=dg.DefaultSensorStatus.RUNNING,
     )
-    def throughput_sync(context: dg.SensorEvaluationContext):
-        return dg.SkipReason(evaluate(context.instance, Platform.from_env()))
+    def throughput_sync(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
+        return dg.SkipReason(evaluate(context.instance, lakehouse.platform()))
 
     return throughput_sync

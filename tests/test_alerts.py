@@ -14,6 +14,8 @@ from lakehouse import alerts
 from lakehouse.metadata.loader import MetadataError, load_metadata
 from lakehouse.metadata.model import AlertChannel
 from lakehouse.runner import Platform, StageDisabled, StageRunner
+from resources.lakehouse import LakehouseResource
+from tests.fixtures.ticks import tick as evaluate_tick
 
 META = """
 pipelines:
@@ -88,11 +90,12 @@ def job_origin(job_name: str):
 
 def evaluate_run_sensor(sensor, instance, run_id: str, event_type: dg.DagsterEventType):
     event = instance.all_logs(run_id, of_type=event_type)[-1].dagster_event
-    ctx = dg.build_run_status_sensor_context(sensor_name=sensor.name, dagster_event=event, dagster_instance=instance,
-                                             dagster_run=instance.get_run_by_id(run_id))
-    if event_type == dg.DagsterEventType.RUN_FAILURE:
-        ctx = ctx.for_run_failure()
-    return sensor(ctx)
+    with dg.build_run_status_sensor_context(sensor_name=sensor.name, dagster_event=event, dagster_instance=instance,
+                                            dagster_run=instance.get_run_by_id(run_id),
+                                            resources={"lakehouse": LakehouseResource()}) as ctx:
+        if event_type == dg.DagsterEventType.RUN_FAILURE:
+            ctx = ctx.for_run_failure()
+        return sensor(ctx)
 
 
 def slack_fields(msg: dict) -> dict[str, str]:
@@ -252,11 +255,10 @@ def test_channel_down_fails_no_run_and_the_alert_is_retried(alerting, slack_api,
     assert all(d["attempts"] == 1 and d["last_error"] for d in alert["deliveries"])
 
     # the retry sensor tries again while the channels are still down: kept, not lost, not doubled
-    ctx = dg.build_sensor_context(instance=instance)
-    assert "still pending 2" in str(alert_delivery(ctx).skip_message)
+    assert "still pending 2" in str(evaluate_tick(alert_delivery, instance=instance).skip_message)
     slack_api.start()
-    assert "sent 2" in str(alert_delivery(ctx).skip_message)
-    assert "no alert waiting" in str(alert_delivery(ctx).skip_message)
+    assert "sent 2" in str(evaluate_tick(alert_delivery, instance=instance).skip_message)
+    assert "no alert waiting" in str(evaluate_tick(alert_delivery, instance=instance).skip_message)
     assert len(slack_api.messages) == 1 and len(slack_api.hooks) == 1
     assert "target 'bronze_orders' is disabled" in slack_api.hooks[0]["body"]["message"]
     deliveries = alerts.recent(alerting.store)[0]["deliveries"]

@@ -16,6 +16,7 @@ from lakehouse.metadata.store import MetadataStore
 from lakehouse.runner import Platform
 from lakehouse.settings import load_settings
 from sensors.arrivals import SENSOR_NAME
+from tests.fixtures.ticks import tick as evaluate_tick
 from tests.test_derived_metadata import copies
 
 
@@ -35,7 +36,7 @@ def three(tmp_path, monkeypatch):
 
 
 def tick(defs, sensor, instance, cursor):
-    return sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+    return evaluate_tick(sensor, defs, instance=instance, cursor=cursor)
 
 
 def states(result) -> dict[str, str]:

@@ -13,6 +13,7 @@ from lakehouse.demo import generate_user_events
 from lakehouse.metadata.loader import MetadataError, load_metadata
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.runner import Platform, StageRunner
+from tests.fixtures.ticks import tick as evaluate_tick
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "metadata" / "demo"
@@ -49,7 +50,7 @@ def test_status_reports_and_sensor_skips_for_source_and_target(demo, capsys):
     instance = dg.DagsterInstance.ephemeral()
 
     def tick():
-        return sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=None, definitions=defs))
+        return evaluate_tick(sensor, defs, instance=instance, cursor=None)
 
     def reason(result) -> str:  # the source's state as the sensor shows it on `sources/<id>`
         [event] = [e for e in result.asset_events if e.asset_key == dg.AssetKey(["sources", "user_events_raw"])]

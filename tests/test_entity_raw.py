@@ -17,6 +17,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 
 from lakehouse import entity_raw
 from lakehouse.metadata.loader import load_metadata
+from tests.fixtures.ticks import tick as evaluate_tick
 
 APPS = """
 sources:
@@ -176,7 +177,7 @@ def test_asset_sensor_and_schedule(apps, tmp_path):
     client.put_object(Bucket=bucket, Key=key("wf7", "r7", "table"), Body=parquet_bytes(raw_rows("r7", 3)))
     sensor = defs.get_sensor_def("entity_raw__redshift__arrivals")
     instance = dg.DagsterInstance.ephemeral()
-    tick = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=None, definitions=defs))
+    tick = evaluate_tick(sensor, defs, instance=instance, cursor=None)
     assert len(tick.run_requests) == 1
     req = tick.run_requests[0]
     job = defs.resolve_implicit_global_asset_job_def()
@@ -188,18 +189,18 @@ def test_asset_sensor_and_schedule(apps, tmp_path):
     rows = platform.tables().read("entity_raw.redshift").collect()
     assert {(r["tenant_id"], r["workflow_run_id"]) for r in rows} == {("acme", "r7")}
     # next tick: nothing new (StartAfter the cursor)
-    tick2 = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=tick.cursor, definitions=defs))
+    tick2 = evaluate_tick(sensor, defs, instance=instance, cursor=tick.cursor)
     assert not tick2.run_requests
     # the 10-minute tick creates the table of an application registered since start-up (no run)
     from lakehouse.metadata.model import Application
 
     platform.store.upsert([Application(application_id="bigquery")])
-    sched_tick = sched.evaluate_tick(dg.build_schedule_context(instance=instance))
+    sched_tick = evaluate_tick(sched, defs, instance=instance)
     assert not sched_tick.run_requests and "entity_raw.bigquery" in sched_tick.skip_message
     assert pycat(platform).table_exists("entity_raw.bigquery")
     # the kill switch on the source stops the sensor with a reason
     platform.store.set_enabled("source", "redshift_extract", False)
-    tick3 = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=tick.cursor, definitions=defs))
+    tick3 = evaluate_tick(sensor, defs, instance=instance, cursor=tick.cursor)
     assert not tick3.run_requests and "disabled" in tick3.skip_message
 
 

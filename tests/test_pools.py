@@ -21,6 +21,7 @@ from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.runner import Platform
 from lakehouse.throughput.pools import current_limits, sync_instance
+from tests.fixtures.ticks import tick as evaluate_tick
 
 CODELOC = "tests.test_pools_codeloc"
 COLUMNS = [{"name": "id", "type": "bigint"}, {"name": "v", "type": "string"}]
@@ -118,7 +119,7 @@ def test_metadata_apply_and_sensor_sync_pools(settings, tmp_path, monkeypatch):
     from sensors.throughput import build_throughput_sensor
 
     sensor = build_throughput_sensor()
-    result = sensor.evaluate_tick(dg.build_sensor_context(instance=instance))
+    result = evaluate_tick(sensor, instance=instance)
     assert "set target:t_p2=3" in result.skip_message
     assert current_limits(instance)["target:t_p2"] == (3, False)
     # idempotent: a second tick changes nothing

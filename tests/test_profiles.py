@@ -21,6 +21,7 @@ from lakehouse.throughput.profiles import (
     reserve_key,
 )
 from lakehouse.throughput.queue import request_tags, retag_queued_runs
+from tests.fixtures.ticks import tick as evaluate_tick
 from tests.test_pools import CODELOC, apply, throughput_metadata
 
 PIPES = {"p_low": "low", "p_norm": "normal", "p_high": "high", "p_crit": "critical"}
@@ -93,7 +94,7 @@ def test_new_runs_get_the_profile_active_now(tplatform):
     store.upsert([Pipeline(**{**p.model_dump(), "schedule": "*/5 * * * *"})])
     (sched,) = build_schedules(store.load())
     instance = dg.DagsterInstance.ephemeral()
-    req = sched.evaluate_tick(dg.build_schedule_context(instance=instance)).run_requests[0]
+    req = evaluate_tick(sched, instance=instance).run_requests[0]
     assert req.tags[PRIORITY_TAG] == after[PRIORITY_TAG] and req.tags[PROFILE_TAG] == "focus"
 
 

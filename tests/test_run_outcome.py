@@ -13,6 +13,7 @@ import yaml
 
 from lakehouse.cli import main as cli
 from lakehouse.metadata.model import Rule, ValidationRuleSet
+from tests.fixtures.ticks import tick as evaluate_tick
 
 pytestmark = pytest.mark.slow
 
@@ -103,7 +104,7 @@ def test_run_summary_with_warn_failure_quarantine_and_skip(platform, settings, u
     job = build_definitions(platform).resolve_job_def(f"{ns}_p_job")
     ui_run = job.execute_in_process(instance=instance, raise_on_error=False).run_id
     assert "lakehouse/outcome" not in instance.get_run_by_id(ui_run).tags
-    tick = build_run_summary_sensor().evaluate_tick(dg.build_sensor_context(instance=instance))
+    tick = evaluate_tick(build_run_summary_sensor(), instance=instance)
     assert f"{ui_run[:8]} success_with_warnings" in tick.skip_message
     ui = {s["asset"]: s for s in json.loads(instance.get_run_by_id(ui_run).tags["lakehouse/summary"])}
     assert ui["bronze/events"]["checks"]["amount_small"] == "warn:1" and ui["bronze/events"]["written"] == 1

@@ -19,6 +19,7 @@ from lakehouse.ingest.s3 import ARRIVAL_TAG, list_files
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.runner import StageRunner
 from lakehouse.sources.arrivals import poll_arrivals
+from tests.fixtures.ticks import tick as evaluate_tick
 
 PIPELINE = """
 pipelines:
@@ -77,8 +78,7 @@ def s3env(s3_server, monkeypatch):
 
 
 def run_stage(platform, tags=None):
-    runner = StageRunner(platform, "wf_logs", "ingest")
-    runner.run_tags = tags or {}
+    runner = StageRunner(platform, "wf_logs", "ingest", run_tags=tags)
     plan = runner.extract()
     return runner, plan, runner.load(plan)
 
@@ -251,7 +251,7 @@ def test_sensor_run_reads_exactly_its_batch(platform, s3env, tmp_path, unique_ns
     defs = build_definitions(platform)
     sensor = defs.get_sensor_def("lakehouse_arrivals")  # one sensor over every source
     instance = dg.DagsterInstance.ephemeral()
-    result = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=None, definitions=defs))
+    result = evaluate_tick(sensor, defs, instance=instance, cursor=None)
     reqs = result.run_requests
     assert [r.tags["lakehouse/files"] for r in reqs] == ["2", "1"]
     assert all(r.tags[ARRIVAL_TAG] == r.run_key for r in reqs)
