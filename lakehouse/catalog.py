@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 from lakehouse.settings import Settings
 from lakehouse.sqlite_files import BUSY_TIMEOUT_S, prepare_sqlite, sqlite_path
@@ -43,17 +42,15 @@ def _open(settings: Settings, uri: str):
     (two processes creating `iceberg_tables` at once: the loser sees "already exists")."""
     from pyiceberg.catalog.sql import SqlCatalog
 
+    from lakehouse import retry
+    from lakehouse.errors import already_exists
     from lakehouse.outage import describe_url, install_connect_hook, ride_out
 
     def attempt():
-        for n in range(1, 6):
-            try:
-                return SqlCatalog(settings.catalog_name, uri=uri, warehouse=settings.warehouse, pool_pre_ping="true")
-            except Exception as exc:  # noqa: BLE001 - only the creation race is retried here
-                if n == 5 or "already exists" not in str(exc):
-                    raise
-                time.sleep(0.2 * n)
-        raise AssertionError("unreachable")  # pragma: no cover
+        return retry.call(retry.CREATE_RACE,
+                          lambda: SqlCatalog(settings.catalog_name, uri=uri, warehouse=settings.warehouse,
+                                             pool_pre_ping="true"),
+                          what="creating the Iceberg catalog's tables", also=already_exists)
 
     cat = ride_out(attempt, database=describe_url(settings.catalog_uri), what="opening the Iceberg catalog",
                    role="Iceberg catalog")

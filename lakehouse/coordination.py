@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
+from lakehouse import retry
 from lakehouse.metadata.schema import run_leases, work_claims
 
 if TYPE_CHECKING:
@@ -219,15 +220,16 @@ class ClaimResult:
         return "; ".join(f"{len(v)} item(s) being loaded by run {k}" for k, v in sorted(self.taken.items()))
 
 
-def claim(platform: Platform, table: str, run_id: str, items: Iterable[tuple[str, str]],
-          attempts: int = 5) -> ClaimResult:
+def claim(platform: Platform, table: str, run_id: str, items: Iterable[tuple[str, str]]) -> ClaimResult:
     """Claim (work_key, version) items for this run on `table`: free ones and those of dead runs
-    become ours, those of live runs are reported as taken. Atomic per item (a unique key)."""
+    become ours, those of live runs are reported as taken. Atomic per item (a unique key); a run that
+    inserted one of them first makes this one read again (the named policy `retry.INSERT_RACE`)."""
     eng = engine_for(platform)
     key = run_key(run_id)
     wanted = list(dict.fromkeys(items))
     t = work_claims
-    for attempt in range(1, attempts + 1):
+
+    def attempt() -> ClaimResult:
         existing: dict[tuple[str, str], str] = {}
         with eng.connect() as conn:
             for chunk in _chunks(sorted({w for w, _ in wanted}), 400):
@@ -248,25 +250,23 @@ def claim(platform: Platform, table: str, run_id: str, items: Iterable[tuple[str
                 taken.setdefault(holder, []).append(item)
             else:
                 stale.append((item, holder))
-        try:
-            with eng.begin() as conn:
-                if free:
-                    conn.execute(sa.insert(t), [{"table_ident": table, "work_key": w, "version": v, "run_key": key,
-                                                 "claimed_at": now} for w, v in free])
-                for (w, v), holder in stale:  # take over a dead run's claim, unless someone was faster
-                    res = conn.execute(sa.update(t).where(t.c.table_ident == table, t.c.work_key == w,
-                                                          t.c.version == v, t.c.run_key == holder)
-                                       .values(run_key=key, claimed_at=now))
-                    if res.rowcount == 1:
-                        mine.append((w, v))
-        except sa.exc.IntegrityError:
-            if attempt == attempts:
-                raise
-            continue  # another run inserted one of them first: read again
+        with eng.begin() as conn:
+            if free:
+                conn.execute(sa.insert(t), [{"table_ident": table, "work_key": w, "version": v, "run_key": key,
+                                             "claimed_at": now} for w, v in free])
+            for (w, v), holder in stale:  # take over a dead run's claim, unless someone was faster
+                res = conn.execute(sa.update(t).where(t.c.table_ident == table, t.c.work_key == w,
+                                                      t.c.version == v, t.c.run_key == holder)
+                                   .values(run_key=key, claimed_at=now))
+                if res.rowcount == 1:
+                    mine.append((w, v))
         mine += free
         order = {item: i for i, item in enumerate(wanted)}
         return ClaimResult(sorted(mine, key=order.__getitem__), taken)
-    raise AssertionError("unreachable")  # pragma: no cover
+
+    # another run inserted one of them first: read again
+    return retry.call(retry.INSERT_RACE, attempt, what=f"claiming {len(wanted)} item(s) of {table}",
+                      also=lambda exc: isinstance(exc, sa.exc.IntegrityError))
 
 
 CLAIMS_SETTING = "claims.enabled"

@@ -341,6 +341,23 @@ def source_unreachable(exc: BaseException) -> bool:
     return bool(names & set(_SOURCE_READ_PY) or names & set(_SOURCE_READ_JAVA))
 
 
+#: SQLSTATEs of "it is there already": duplicate_table, duplicate_object, unique_violation.
+_EXISTS_SQLSTATE = ("42P07", "42710", "23505")
+
+
+def already_exists(exc: BaseException) -> bool:
+    """Did creating a database object lose a race to another process that created it first? By
+    SQLSTATE (psycopg2's `pgcode`); SQLite has no code of its own for it (SQLITE_ERROR), so its
+    message is read for that one case, here in the one mapper."""
+    for e in _chain(exc):
+        for err in (e, getattr(e, "orig", None)):  # SQLAlchemy keeps the DBAPI error as `orig`
+            if getattr(err, "pgcode", None) in _EXISTS_SQLSTATE:
+                return True
+            if str(getattr(err, "sqlite_errorname", "")).startswith("SQLITE_") and "already exists" in str(err):
+                return True
+    return False
+
+
 _LEADING_JAVA_CLASS = re.compile(r"^\s*((?:[a-z_][a-z0-9_]*\.)+[A-Z][\w$]*)(?::|\s|$)")
 
 

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from lakehouse import retry
 from lakehouse.errors import DatabaseUnavailable
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,6 @@ T = TypeVar("T")
 DEFAULT_WINDOW_S = 60.0
 SETTING_KEY = "outage.window_seconds"
 ENV_WINDOW = "LAKEHOUSE_OUTAGE_WINDOW_SECONDS"
-MAX_BACKOFF_S = 5.0
 
 #: Texts of failures to reach a database (PostgreSQL server, JDBC driver, psycopg2, SQLAlchemy,
 #: Iceberg's JDBC client pool). Matched anywhere in the exception chain's text.
@@ -121,37 +121,40 @@ def _note_recovered(database: str) -> None:
 
 def ride_out(work: Callable[[], T], *, database: str, what: str, role: str = "database",
              sleep: Callable[[float], None] = time.sleep) -> T:
-    """Run `work`; while it fails to reach `database`, wait with backoff and retry, until the
-    outage (counted from its first failure, across calls) is longer than the window."""
-    attempt = 0
-    while True:
-        try:
-            result = work()
-        except Exception as exc:
-            if not is_connection_failure(exc):
-                raise
-            now = time.monotonic()
-            with _lock:
-                since = _down_since.setdefault(database, now)
-            window = window_seconds()
-            down_for = now - since
-            if down_for >= window:
-                first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
-                raise DatabaseUnavailable(
-                    f"the {role} {database} has been unreachable for {down_for:.0f}s, longer than the "
-                    f"outage window of {window:.0f}s (platform setting {SETTING_KEY}), while {what}: "
-                    f"{first[:300]}. Nothing was published by this step. Check that the database is up "
-                    f"and reachable from this host, then re-run the step (it resumes exactly where main is)."
-                ) from exc
-            attempt += 1
-            wait = min(0.5 * (2 ** (attempt - 1)), MAX_BACKOFF_S, max(0.1, window - down_for))
-            log.warning("%s %s unreachable while %s (down %.1fs of a %.0fs window); retrying in %.1fs: %s",
-                        role, database, what, down_for, window, wait, str(exc).splitlines()[0][:200] if str(exc) else exc)
-            sleep(wait)
-            continue
-        if attempt or database in _down_since:
-            _note_recovered(database)
-        return result
+    """Run `work`; while it fails to reach `database`, wait with backoff and retry (the named policy
+    `lakehouse.retry.OUTAGE`), until the outage (counted from its first failure, across calls) is
+    longer than the window."""
+
+    def unreachable(exc: BaseException) -> bool:
+        if not is_connection_failure(exc):
+            return False
+        with _lock:
+            _down_since.setdefault(database, time.monotonic())
+        return True
+
+    def remaining_s() -> float:
+        with _lock:
+            since = _down_since.get(database)
+        return window_seconds() - (time.monotonic() - since if since is not None else 0.0)
+
+    try:
+        result = retry.call_within(retry.OUTAGE, work, what=f"{role} {database} unreachable while {what}",
+                                   retry_on=unreachable, remaining_s=remaining_s, sleep=sleep)
+    except Exception as exc:
+        if not unreachable(exc):
+            raise
+        window = window_seconds()
+        down_for = window - remaining_s()
+        first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise DatabaseUnavailable(
+            f"the {role} {database} has been unreachable for {down_for:.0f}s, longer than the "
+            f"outage window of {window:.0f}s (platform setting {SETTING_KEY}), while {what}: "
+            f"{first[:300]}. Nothing was published by this step. Check that the database is up "
+            f"and reachable from this host, then re-run the step (it resumes exactly where main is)."
+        ) from exc
+    if database in _down_since:
+        _note_recovered(database)
+    return result
 
 
 def install_connect_hook(engine, *, role: str) -> None:

@@ -4,8 +4,12 @@ Each place that retries a call in place names its policy here (`POLICIES`), so t
 call gets are written once and read in docs/errors.md; nothing else in the package loops over
 attempts. A policy retries only errors whose kind is `transient` (lakehouse.errors) and whose code
 it lists, plus what its `also` predicate accepts (facts about the call, such as "the branch head did
-not move", never message words). Everything else is raised at once, to the layer above: healing
-(lakehouse.control.healing) and then the step's retry policy (lakehouse.control.retry).
+not move", never message words). Everything else is raised at once, to the layer above: the step,
+whose one attempt budget healing and the step's retry policy share (lakehouse.control.retry).
+
+In-place policies repeat one call inside one attempt of a step; they are not step attempts. Two
+kinds: `InPlace` (a number of calls) and `Window` (a time window: riding out a database outage,
+lakehouse.outage, where the window is shared by every call to that database).
 """
 
 from __future__ import annotations
@@ -52,7 +56,31 @@ PUBLISH = InPlace("publish", attempts=20, codes=_COMMIT_CODES, first_wait_s=0.0,
 #: Spark's catalog not yet seeing a branch that PyIceberg already sees (a just-created branch).
 BRANCH_LOAD = InPlace("branch_load", attempts=4, codes=frozenset(), first_wait_s=0.25, max_wait_s=1.0)
 
-POLICIES = {p.name: p for p in (METADATA_COMMIT, BRANCH_WRITE, PUBLISH, BRANCH_LOAD)}
+#: Two processes creating the Iceberg catalog's tables at once: the loser opens it again.
+CREATE_RACE = InPlace("create_race", attempts=5, codes=frozenset(), first_wait_s=0.2, max_wait_s=1.0)
+#: Two processes inserting the same key (a work claim, a throttle bucket): the loser reads again.
+INSERT_RACE = InPlace("insert_race", attempts=5, codes=frozenset(), first_wait_s=0.0, max_wait_s=0.0,
+                      log_level=logging.INFO)
+
+
+@dataclass(frozen=True)
+class Window:
+    """A call repeated while a condition lasts, bounded by time (the caller's window), not by calls."""
+
+    name: str
+    first_wait_s: float = 0.5
+    max_wait_s: float = 5.0
+
+    def wait_s(self, attempt: int, remaining_s: float) -> float:
+        """Doubling from first_wait_s, capped, and never past the end of the window."""
+        return min(self.first_wait_s * (2 ** (attempt - 1)), self.max_wait_s, max(0.1, remaining_s))
+
+
+#: A control-DB / catalog database that cannot be reached: `outage.window_seconds` (lakehouse.outage).
+OUTAGE = Window("outage")
+
+POLICIES = {p.name: p for p in (METADATA_COMMIT, BRANCH_WRITE, PUBLISH, BRANCH_LOAD, CREATE_RACE, INSERT_RACE)}
+WINDOWS = {OUTAGE.name: OUTAGE}
 
 
 def retries(policy: InPlace, exc: BaseException, also: Callable[[BaseException], bool] | None = None,
@@ -87,6 +115,27 @@ def call(policy: InPlace, fn: Callable[[], T], *, what: str,
         stop=tenacity.stop_after_attempt(policy.attempts),
         wait=lambda state: policy.wait_s(state.attempt_number),
         retry=tenacity.retry_if_exception(lambda exc: retries(policy, exc, also, only)),
+        before_sleep=before_sleep,
+        sleep=sleep,
+        reraise=True,
+    )
+    return retrying(fn)
+
+
+def call_within(policy: Window, fn: Callable[[], T], *, what: str, retry_on: Callable[[BaseException], bool],
+                remaining_s: Callable[[], float], sleep: Callable[[float], None] = time.sleep) -> T:
+    """`fn()`, repeated while `retry_on(error)` and `remaining_s()` (of the caller's window) is above
+    zero. The last error is raised as it was: the caller says what an expired window means."""
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception()
+        log.warning("%s (%s): attempt %d failed, %.1fs of the window left, retrying: %s", what, policy.name,
+                    state.attempt_number, remaining_s(), (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200])
+
+    retrying = tenacity.Retrying(
+        stop=lambda state: remaining_s() <= 0,
+        wait=lambda state: policy.wait_s(state.attempt_number, remaining_s()),
+        retry=tenacity.retry_if_exception(retry_on),
         before_sleep=before_sleep,
         sleep=sleep,
         reraise=True,

@@ -193,6 +193,12 @@ def _stale_commit(runner: Any) -> None:
     raise InjectedFault(f"the stale commit on {ident} was not refused (injected by {ENV})", ICEBERG_COMMIT_CONFLICT)
 
 
+def hits(name: str, run_id: str) -> int:
+    """How often fault `name` fired in run `run_id`: the attempts a step made, for tests that count them."""
+    with _LOCK:
+        return sum(n for (fault, _point, run), n in _HITS.items() if fault == name and run == run_id)
+
+
 def reset() -> None:
     with _LOCK:
         _HITS.clear()

@@ -3,9 +3,12 @@
 `healing_actions` rows pair a matcher (error code, exception class name, message regex) with an
 ordered list of built-in actions. On a failure the step's work is retried in the same run after
 the first matching rule's actions ran, so a healed step simply succeeds. Two bounds make sure
-nothing loops: a rule heals at most `max_attempts` times per step, and a step heals at most
+nothing loops: a rule heals at most `max_attempts` times per step, a step heals at most
 `global_cap()` times in all (platform setting `healing.max_attempts`, env
-LAKEHOUSE_HEALING_MAX_ATTEMPTS, default 10). Every failure, action and outcome goes to audit_log.
+LAKEHOUSE_HEALING_MAX_ATTEMPTS, default 10), and every heal is a re-attempt of the step drawn from
+its one budget, which Dagster retries share (`lakehouse.control.retry.StepBudget`: the retry
+policy's `max_retries`), so healing and the step's retry policy never multiply. Every failure,
+action and outcome goes to audit_log.
 
 Each action is a plain function `(ActionContext) -> ActionResult`; the ones that change how the
 step runs (smaller batches, skipped files, another source) record it on `HealingState`, which the
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from lakehouse import spark as spark_mod
+from lakehouse.control.retry import attempts_used, op_of, step_budget
 from lakehouse.core import HealingState, NoRecoveryPath, StageContext
 from lakehouse.errors import ErrorInfo, classify
 from lakehouse.metadata.model import HealingAction
@@ -297,8 +301,15 @@ def run_with_healing(runner: StageContext, step: str, work: Callable[[], T],
                        duration_ms=elapsed, details={"step": step, "code": info.code, "reason": why})
                 raise
             cap = global_cap(runner)
+            budget = step_budget(runner.catalog, runner.stage.pipeline_id, runner.stage.stage_name, cap)
+            spent = attempts_used(runner.platform.store, runner.run_id, runner.stage.pipeline_id,
+                                  runner.stage.stage_name, op_of(step))
+            why = None
             if state.total_attempts >= cap:
                 why = f"global healing cap of {cap} attempts per step reached"
+            elif spent >= budget.re_attempts:  # heals and Dagster retries share the step's one budget
+                why = f"the step's attempt budget is spent ({spent} re-attempt(s); {budget.describe()})"
+            if why is not None:
                 _event(runner, {**base, "outcome": "exhausted", "reason": why}, event="healing",
                        error_class=info.error_class, message=info.message, outcome="exhausted",
                        duration_ms=elapsed, details={"step": step, "code": info.code, "reason": why})

@@ -1,8 +1,17 @@
-"""Retry policies (metadata `retry_policies`) → the delay before each retry.
+"""Retry policies (metadata `retry_policies`) → the step's one attempt budget and the delay before each retry.
 
 The policy is looked up at run time (stage `retry_id`, else the pipeline's `default_retry_id`),
 so an UPDATE of `retry_policies` applies to the next failure without a code-location reload.
 The Dagster layer turns a decision into `RetryRequested(max_retries, seconds_to_wait)`.
+
+**One budget per step.** A step's work (a stage's extract op, or its load op with its publish)
+runs at most `1 + max_retries` times in a run, whoever repeats it: a healing action's re-run in the
+same execution (lakehouse.control.healing) and a Dagster retry (a new execution) draw from the same
+count (`StepBudget`), kept where the operator reads it, in audit_log (`attempts_used`: one row per
+heal, `step_failed`/`healing`, and per retry requested, `retry`/`retry_requested`). Without a
+retry policy the step is never retried by Dagster and healing's own cap (`healing.max_attempts`)
+is the budget. The in-place policies of lakehouse.retry repeat one call inside one attempt and
+are not step attempts (docs/errors.md gives the bound of each).
 """
 
 from __future__ import annotations
@@ -51,6 +60,41 @@ def policy_for(catalog: MetadataCatalog, pipeline_id: str, stage_name: str) -> R
     return catalog.retry_policy(rid)
 
 
+#: The audit_log rows that are re-attempts of a step's work: (event, outcome).
+_REATTEMPTS = (("step_failed", "healing"), ("retry", "retry_requested"))
+
+
+def op_of(step: str) -> str:
+    """The Dagster op a healing scope or retry belongs to: `extract`, else `load` (load and its publish)."""
+    return "extract" if step == "extract" else "load"
+
+
+def attempts_used(store, run_id: str, pipeline_id: str, stage_name: str, op: str) -> int:
+    """Re-attempts of the step `op` of this stage so far in this run, heals and Dagster retries alike."""
+    return sum(1 for event, outcome in _REATTEMPTS
+               for e in store.audit_entries(pipeline_id=pipeline_id, run_id=run_id, event=event)
+               if e.stage_name == stage_name and e.outcome == outcome and op_of(e.details.get("step", "")) == op)
+
+
+@dataclass(frozen=True)
+class StepBudget:
+    """Re-attempts a step's work may get after its first run, all layers together."""
+
+    re_attempts: int
+    retry_id: str | None  # the policy that sets it; None: no policy, healing's cap is the budget
+
+    def describe(self) -> str:
+        return (f"retry policy {self.retry_id!r}: max_retries {self.re_attempts}" if self.retry_id
+                else f"no retry policy: healing.max_attempts {self.re_attempts}")
+
+
+def step_budget(catalog: MetadataCatalog, pipeline_id: str, stage_name: str, healing_cap: int) -> StepBudget:
+    policy = policy_for(catalog, pipeline_id, stage_name)
+    if policy is None:
+        return StepBudget(healing_cap, None)
+    return StepBudget(policy.max_retries, policy.retry_id)
+
+
 @dataclass(frozen=True)
 class RetryDecision:
     retry: bool
@@ -62,7 +106,8 @@ class RetryDecision:
 
 def decide(catalog: MetadataCatalog, pipeline_id: str, stage_name: str, retry_number: int,
            retryable: bool = True) -> RetryDecision:
-    """Should the step that just failed (attempt `retry_number`, 0 = first run) be retried?"""
+    """Should the step that just failed be retried? `retry_number`: re-attempts it used so far (0 =
+    its first run failed), counted by `attempts_used` so heals count too."""
     if not retryable:
         return RetryDecision(False, 0, 0.0, "error is not retryable")
     policy = policy_for(catalog, pipeline_id, stage_name)
@@ -82,15 +127,17 @@ def retry_exception(platform, pipeline_id: str, stage_name: str, run_id: str, re
                     exc: BaseException, step: str):
     """The Dagster `RetryRequested` to raise for a failed step, or None to let it fail.
 
-    Reads the policy from the control DB now; the decision is written to audit_log.
+    Reads the policy from the control DB now; the decision is written to audit_log. The policy's
+    `max_retries` bounds the step's re-attempts in all: the heals of earlier executions count.
     """
     from lakehouse.errors import classify
 
     info = classify(exc)
     if not info.retryable:  # a decision (or a database down past its window): no policy to read
         return None
+    used = max(retry_number, attempts_used(platform.store, run_id, pipeline_id, stage_name, op_of(step)))
     try:
-        d = decide(platform.store.load(), pipeline_id, stage_name, retry_number, info.retryable)
+        d = decide(platform.store.load(), pipeline_id, stage_name, used, info.retryable)
     except KeyError as lookup:  # a policy id that no longer exists: fail loudly, do not retry blindly
         d = RetryDecision(False, 0, 0.0, f"retry policy lookup failed: {lookup}")
     if info.retryable:
@@ -98,6 +145,7 @@ def retry_exception(platform, pipeline_id: str, stage_name: str, run_id: str, re
                              event="retry", error_class=info.error_class, message=info.message,
                              action=d.retry_id, outcome="retry_requested" if d.retry else "not_retried",
                              details={"step": step, "code": info.code, "retry_number": retry_number,
+                                      "attempts_used": used,
                                       "max_retries": d.max_retries, "seconds_to_wait": d.seconds_to_wait,
                                       "reason": d.reason})
     if not d.retry:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
+from lakehouse import retry
 from lakehouse.metadata.model import MetadataCatalog
 from lakehouse.metadata.schema import buckets
 from lakehouse.metadata.store import MetadataStore
@@ -87,20 +88,22 @@ class TokenBuckets:
                     rate_per_s=bucket.rate_per_s, capacity=bucket.capacity)
             .returning(t.tokens)
         )
-        for _ in range(3):
+
+        def attempt() -> float:
             with self.engine.begin() as conn:
                 row = conn.execute(stmt).first()
             if row is not None:
                 return float(row[0])
-            try:  # first use of this bucket: it starts full, minus the charge
-                with self.engine.begin() as conn:
-                    conn.execute(sa.insert(buckets).values(bucket_key=bucket.key, tokens=bucket.capacity - amount,
-                                                           updated_at=now, rate_per_s=bucket.rate_per_s,
-                                                           capacity=bucket.capacity))
-                return bucket.capacity - amount
-            except sa.exc.IntegrityError:
-                continue  # another process created it first: update again
-        raise RuntimeError(f"could not charge throttle bucket {bucket.key!r}")
+            # first use of this bucket: it starts full, minus the charge
+            with self.engine.begin() as conn:
+                conn.execute(sa.insert(buckets).values(bucket_key=bucket.key, tokens=bucket.capacity - amount,
+                                                       updated_at=now, rate_per_s=bucket.rate_per_s,
+                                                       capacity=bucket.capacity))
+            return bucket.capacity - amount
+
+        # another process created the bucket first: update again
+        return retry.call(retry.INSERT_RACE, attempt, what=f"charging throttle bucket {bucket.key}",
+                          also=lambda exc: isinstance(exc, sa.exc.IntegrityError))
 
     def wait_time(self, bucket: Bucket, balance: float) -> float:
         return 0.0 if balance >= 0 else -balance / bucket.rate_per_s
