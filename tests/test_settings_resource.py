@@ -90,3 +90,23 @@ def test_a_sensor_reads_the_control_db_the_resource_names(clean_env):
                       instance=instance)
     assert "set target:t_x=4" in configured.skip_message
     assert current_limits(instance)["target:t_x"] == (4, False)
+
+
+def test_the_platform_is_built_from_the_environment_at_entry_points_only():
+    """`Platform.from_env()` / `load_settings()` are called by the CLI (and where they are defined),
+    never by an asset, sensor, schedule, IO manager or a domain module deep inside."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    entry_points = {"lakehouse/platform.py", "lakehouse/settings.py", "lakehouse_assets/cli.py",
+                    "lakehouse/throughput/instance.py",  # instance_from_env: the CLI's Dagster instance
+                    "resources/lakehouse.py", "resources/spark.py"}  # the resource itself, its fallback
+    offenders = []
+    for package in ("lakehouse", "lakehouse_assets", "resources", "sensors", "schedules"):
+        for path in (repo / package).rglob("*.py"):
+            rel = path.relative_to(repo).as_posix()
+            if rel in entry_points or path.name == "cli.py" or path.name.startswith("cli_"):
+                continue
+            text = path.read_text()
+            offenders += [f"{rel}: {call}" for call in ("from_env(", "load_settings(") if call in text]
+    assert offenders == []
