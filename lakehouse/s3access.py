@@ -86,7 +86,8 @@ def s3_resource(settings: Settings | None = None) -> S3Resource:
     settings, region from AWS_DEFAULT_REGION, credentials and profile from the environment."""
     from dagster_aws.s3 import S3Resource
 
-    endpoint = settings.s3_endpoint_url if settings is not None else os.environ.get("LAKEHOUSE_S3_ENDPOINT_URL")
+    # the settings' endpoint (a LakehouseResource field wins there), else the environment's now
+    endpoint = (settings.s3_endpoint_url if settings is not None else None) or os.environ.get("LAKEHOUSE_S3_ENDPOINT_URL")
     return S3Resource(endpoint_url=endpoint or None,
                       region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
                       max_attempts=DEFAULT_MAX_ATTEMPTS)
