@@ -1,7 +1,7 @@
 """The code location built from `metadata/demo`, as a reviewed snapshot (syrupy), in the fast lane.
 
-What the graph looks like (asset keys, deps, groups, kinds, tags, the ops' pools and priority tags,
-asset check specs, jobs, sensors and schedules) is the contract between metadata and Dagster: a
+What the graph looks like (asset keys, deps, groups, kinds, tags, partitions, the ops' pools and
+priority tags, asset check specs, jobs, sensors and schedules) is the contract between metadata and Dagster: a
 change to it should be seen in review, not discovered in the UI. The serialization is a sorted,
 plain dict so a diff reads as "this asset gained a dep", not as object reprs.
 
@@ -50,6 +50,14 @@ def _ops(assets_def: dg.AssetsDefinition) -> dict:
             for op in sorted(assets_def.node_def.iterate_op_defs(), key=lambda o: o.name)}
 
 
+def _partitions(partitions_def) -> str | None:
+    """A time-partitioned asset as `DailyPartitionsDefinition from 2024-01-01`; None when unpartitioned."""
+    if partitions_def is None:
+        return None
+    start = getattr(partitions_def, "start", None)
+    return type(partitions_def).__name__ + (f" from {start.date().isoformat()}" if start is not None else "")
+
+
 def _plain_metadata_keys(metadata) -> list[str]:
     return sorted(metadata or {})
 
@@ -66,6 +74,7 @@ def serialize(defs: dg.Definitions) -> dict:
             "tags": dict(sorted((node.tags or {}).items())),
             "owners": sorted(node.owners or []),
             "materializable": node.is_materializable,
+            "partitions": _partitions(node.partitions_def),
             "metadata_keys": _plain_metadata_keys(node.metadata),
             "checks": {},
         }
