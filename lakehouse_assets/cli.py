@@ -23,7 +23,7 @@ def cmd_run(args) -> int:
     """Materialize a pipeline headless through the same Definitions the UI loads, on the persistent
     Dagster instance (so pools hold), and end with the per-stage summary (lakehouse.run_summary)."""
     # Dagster is imported here, not when the parser is built: every other command starts without it
-    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.definitions import build_definitions, pipeline_job
     from lakehouse_assets.run_summary import record, stage_keys, summarize
 
     platform = Platform.from_env()
@@ -40,13 +40,15 @@ def cmd_run(args) -> int:
     headless = headless_instance(platform.settings, catalog, ephemeral=args.ephemeral)
     for note in headless.notes:
         print(f"warning: {note}", file=sys.stderr)
-    defs = build_definitions(platform, pipelines=[args.pipeline])  # this pipeline's stages, not every pipeline's
-    job = defs.resolve_job_def(f"{args.pipeline}_job")
+    # this pipeline's stages, not every pipeline's; the run is the asset job with them selected, as
+    # a schedule's, a sensor's or the UI's run of the pipeline is (there is no job per pipeline)
+    defs = build_definitions(platform, pipelines=[args.pipeline])
+    job = pipeline_job(defs, args.pipeline)
     quiet = {} if args.verbose else {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
     result = job.execute_in_process(instance=headless.instance, raise_on_error=False, run_config=quiet,
                                     tags={"lakehouse/pipeline": args.pipeline, "lakehouse/launched_by": "cli",
                                           **run_tags()})
-    summary = summarize(result.all_events, result.run_id, job.name,
+    summary = summarize(result.all_events, result.run_id, args.pipeline,
                         stage_keys(catalog, args.pipeline, job.asset_layer.selected_asset_keys))
     record(headless.instance if headless.persistent else None, platform, summary, args.pipeline)
     print(summary.table())

@@ -6,9 +6,11 @@ metadata and of what `lakehouse metadata apply` derived from it (no SQL parsing,
 
 * the code server (the UI, sensors, schedules) asks for everything and gets the whole graph;
 * a run worker (`dagster api execute_run`, a run launched from the UI, a sensor or a schedule)
-  asks only for its job: for a pipeline's job (`<pipeline>_job`) it builds that pipeline's stages
-  alone, so a run pays for its own pipeline, not for every pipeline the platform has. Other jobs
-  (the implicit asset job of a UI "Materialize" selection, the dashboard job) get the whole graph.
+  asks only for its job and selection: a pipeline's run is Dagster's implicit asset job with the
+  pipeline's stage assets selected (there is no job per pipeline), and for a selection of stage
+  assets the worker builds the pipelines owning them alone, so a run pays for its own pipeline,
+  not for every pipeline the platform has. Other runs (the dashboard job, a selection holding a
+  source, maintenance or entity_raw asset) get the whole graph.
 
 Setting up the embedded defaults (demo metadata, entity_raw tables) is `lakehouse metadata apply`'s
 job (scripts/up.sh), not this module's.
@@ -27,11 +29,12 @@ from collections.abc import Iterable
 
 import dagster as dg
 
+from lakehouse.metadata.assets import PIPELINE_TAG, pipelines_of_paths
 from lakehouse.metadata.derived import read_structure
 from lakehouse.runner import Platform
 from lakehouse_assets.dashboard import dashboard_definitions
 from lakehouse_assets.entity_raw_assets import entity_raw_definitions
-from lakehouse_assets.factory import Graph, build_source_specs, build_stage_assets, job_name, pipeline_job
+from lakehouse_assets.factory import PIPELINES_JOB, Graph, build_source_specs, build_stage_assets
 from lakehouse_assets.maintenance_assets import maintenance_definitions
 from lakehouse_assets.run_summary import build_run_summary_sensor
 from resources import IcebergIOManager, LakehouseResource, spark_resource
@@ -65,12 +68,14 @@ def _no_cyclic_gc():
 
 def build_definitions(platform: Platform | None = None, *, pipelines: Iterable[str] | None = None) -> dg.Definitions:
     """Structural metadata (pipelines, stages, sources, targets) and the rows apply derived build
-    the graph. `pipelines`: only these pipelines' stages and jobs (a run's build: no sensors,
-    schedules or other assets)."""
+    the graph. `pipelines`: only these pipelines' stage assets (a run's build: no sensors,
+    schedules or other assets); a run of them is the implicit asset job with their assets selected."""
     started = time.monotonic()
     with _no_cyclic_gc():
         defs = _build(platform or LakehouseResource.from_settings().platform(), pipelines)
-        defs.get_repository_def()  # cached: the asset graph and repository, built here without the collector
+        # cached: the repository and its asset graph (which every user of the definitions asks for),
+        # built here without the collector
+        defs.resolve_asset_graph()
     _trace(pipelines, defs, time.monotonic() - started)
     return defs
 
@@ -97,38 +102,45 @@ def _build(platform: Platform, pipelines: Iterable[str] | None) -> dg.Definition
                     "`lakehouse metadata apply <dir>` (scripts/up.sh applies metadata/demo)",
                     ", ".join(structure.missing_tables))
     g = Graph(structure)
-    resources = _resources()
-    stage_assets = build_stage_assets(g, wanted)
-    jobs = [pipeline_job(g, pid, assets, resources) for pid, assets in stage_assets.items()]
     # One process per run, so one JVM per run: every asset of the run shares the SparkSession.
-    common = {"resources": resources, "executor": dg.in_process_executor}
-    mine = [a for assets in stage_assets.values() for a in assets]
+    common = {"resources": _resources(), "executor": dg.in_process_executor}
+    mine = [a for assets in build_stage_assets(g, wanted).values() for a in assets]
     if wanted is not None:
-        return dg.Definitions(assets=mine, jobs=jobs, **common)
+        return dg.Definitions(assets=mine, **common)
     catalog = structure.catalog
     dashboard = dashboard_definitions()
     raw = entity_raw_definitions(catalog)
     maint = maintenance_definitions(catalog)
     return dg.Definitions(
         assets=[*build_source_specs(g, catalog.stages), *mine, *dashboard["assets"], *raw["assets"], *maint["assets"]],
-        jobs=[*jobs, *dashboard["jobs"], *raw["jobs"], *maint["jobs"]],
-        sensors=[*build_sensors(g, jobs), *dashboard["sensors"], *raw["sensors"], build_run_summary_sensor()],
+        jobs=[*dashboard["jobs"], *raw["jobs"], *maint["jobs"]],
+        sensors=[*build_sensors(g), *dashboard["sensors"], *raw["sensors"], build_run_summary_sensor()],
         schedules=[*build_schedules(catalog), *raw["schedules"], *maint["schedules"]],
         **common,
     )
 
 
+def pipeline_job(defs: dg.Definitions, pipeline_id: str) -> dg.JobDefinition:
+    """A run of one pipeline: the asset job with the pipeline's stage assets selected (its
+    `lakehouse/pipeline` tag, which also selects it in the UI: `tag:lakehouse/pipeline=<id>`)."""
+    keys = dg.AssetSelection.tag(PIPELINE_TAG, pipeline_id).resolve(defs.resolve_asset_graph())
+    if not keys:
+        raise KeyError(f"pipeline {pipeline_id!r} has no stage asset in these definitions")
+    return defs.resolve_implicit_global_asset_job_def().get_subset(asset_selection=keys)
+
+
 class LakehouseRepositoryData(dg.RepositoryData):
     """The repository behind `defs`: the whole graph is built on first need, once per process,
-    except that asking for one pipeline's job first (what a run worker does) builds that pipeline
-    only. Every other question is answered by the whole graph, so the code server, the UI and the
-    `dagster` CLI see exactly what `build_definitions()` returns."""
+    except that a run of the asset job selecting stage assets only (what a run worker asks for
+    first: `subset_job`) builds the pipelines owning them. Every other question is answered by the
+    whole graph, so the code server, the UI and the `dagster` CLI see exactly what
+    `build_definitions()` returns."""
 
     def __init__(self, platform: Platform | None = None):
         self._platform = platform
         self._lock = threading.RLock()
         self._full: dg.RepositoryDefinition | None = None
-        self._jobs: dict[str, dg.JobDefinition] = {}
+        self._subsets: dict[tuple, dg.JobDefinition] = {}
         self._snapshot_lock = threading.Lock()
         self._snapshot_ids_ready = False
 
@@ -146,27 +158,35 @@ class LakehouseRepositoryData(dg.RepositoryData):
                 gc.freeze()
             return self._full._repository_data  # noqa: SLF001 - no public accessor; we delegate to it whole
 
-    def pipeline_job(self, name: str) -> dg.JobDefinition | None:
-        """`<pipeline>_job` built from that pipeline alone, or None when `name` is not a pipeline's job."""
+    def subset_job(self, job_name: str, asset_selection, asset_check_selection) -> dg.JobDefinition | None:
+        """The asset job's run of these stage assets, built from the pipelines owning them alone; None
+        when the question is another (another job, no selection, a non-stage asset, the whole graph
+        already built)."""
+        if job_name != PIPELINES_JOB or not asset_selection:
+            return None
+        key = (frozenset(asset_selection), frozenset(asset_check_selection) if asset_check_selection is not None
+               else None)
         with self._lock:
-            if name in self._jobs:
-                return self._jobs[name]
-            if not name.endswith("_job") or self._full is not None:
+            if key in self._subsets:
+                return self._subsets[key]
+            if self._full is not None:
                 return None
-            pipeline_id = name[: -len("_job")]
-            defs = build_definitions(self._get_platform(), pipelines=[pipeline_id])
-            if not any(j.name == name for j in defs.jobs or []):
+            platform = self._get_platform()
+            owners = pipelines_of_paths(platform.store, [k.path for k in asset_selection])
+            if owners is None:
                 return None
+            defs = build_definitions(platform, pipelines=owners)
             with _no_cyclic_gc():
-                job = defs.resolve_job_def(name)
-            log.info("built job %s from pipeline %s alone (%d asset(s))", name, pipeline_id,
+                job = defs.get_repository_def().get_maybe_subset_job_def(
+                    job_name, asset_selection=set(asset_selection),
+                    asset_check_selection=set(asset_check_selection) if asset_check_selection is not None else None)
+            log.info("built the run's job from pipeline(s) %s alone (%d asset(s))", ", ".join(sorted(owners)),
                      len(job.asset_layer.selected_asset_keys))
-            self._jobs[name] = job
+            self._subsets[key] = job
             return job
 
-    # -- the one question answered without the whole graph
     def get_job(self, job_name: str) -> dg.JobDefinition:
-        return self.pipeline_job(job_name) or self._data().get_job(job_name)
+        return self._data().get_job(job_name)
 
     # -- everything else: the whole graph
     def get_top_level_resources(self):
@@ -250,10 +270,24 @@ class LakehouseRepositoryData(dg.RepositoryData):
         self._data().load_all_definitions()
 
 
+class LakehouseRepository(dg.RepositoryDefinition):
+    """Dagster asks the repository for a run's job by name and selection
+    (`ReconstructableJob.get_definition`, the code server's subset snapshots): a run of stage assets
+    gets them from their own pipelines (`LakehouseRepositoryData.subset_job`), so a run worker pays
+    for its own pipeline, not for every pipeline of the platform (issue 22 item 3)."""
+
+    def get_maybe_subset_job_def(self, job_name, op_selection=None, asset_selection=None,
+                                 asset_check_selection=None):
+        data = self._repository_data  # always ours: lakehouse_repository builds it
+        job = None if op_selection else data.subset_job(job_name, asset_selection, asset_check_selection)
+        return job or super().get_maybe_subset_job_def(job_name, op_selection, asset_selection,
+                                                        asset_check_selection)
+
+
 def lakehouse_repository(platform: Platform | None = None) -> dg.RepositoryDefinition:
-    return dg.repository(name=REPOSITORY_NAME)(lambda: LakehouseRepositoryData(platform))
+    return LakehouseRepository(REPOSITORY_NAME, repository_data=LakehouseRepositoryData(platform))
 
 
 defs = lakehouse_repository()
 
-__all__ = ["build_definitions", "defs", "job_name", "lakehouse_repository"]
+__all__ = ["build_definitions", "defs", "lakehouse_repository", "pipeline_job"]

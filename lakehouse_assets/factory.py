@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import dagster as dg
 
 from lakehouse.control.retry import retry_exception
+from lakehouse.metadata.assets import pipeline_paths
 from lakehouse.metadata.derive import StageDerivation
 from lakehouse.metadata.derived import Structure
 from lakehouse.metadata.model import MetadataCatalog, Stage
@@ -326,26 +327,15 @@ def build_stage_assets(g: Graph, pipelines: set[str] | None = None) -> dict[str,
     return out
 
 
-def job_name(pipeline_id: str) -> str:
-    return f"{pipeline_id}_job"
+# Dagster's implicit asset job: every asset of the code location, what the UI's "Materialize" and
+# Dagster's own automation launch with an asset selection. A pipeline's run is this job with the
+# pipeline's stage assets selected (`pipeline_selection`): no job per pipeline, whose thousand
+# snapshots made every code-server load and reload pay for every pipeline (issue 22), and no second
+# job over every stage asset either (another snapshot of the whole graph). Its name is Dagster's
+# (dagster._core.definitions.assets.job.asset_job.IMPLICIT_ASSET_JOB_NAME; tests check they agree).
+PIPELINES_JOB = "__ASSET_JOB"
 
 
-def pipeline_job(g: Graph, pipeline_id: str, assets: list[dg.AssetsDefinition], resources: dict) -> dg.JobDefinition:
-    """The job of one pipeline, resolved against that pipeline's assets alone.
-
-    A `define_asset_job` handed to the whole code location is resolved against the whole asset graph,
-    at a cost that grows with it: a thousand pipeline jobs cost the code server over half a minute.
-    Resolved against the pipeline's own assets (Dagster's AssetGraph of them), each costs about a
-    millisecond, and a run worker that builds one pipeline gets exactly the job the code server
-    showed (lakehouse_assets/definitions.py)."""
-    from dagster._core.definitions.assets.graph.asset_graph import AssetGraph  # no public constructor
-
-    p = g.pipelines[pipeline_id]
-    unresolved = dg.define_asset_job(
-        name=job_name(pipeline_id),
-        selection=dg.AssetSelection.assets(*assets),
-        description=p.description or f"all stages of pipeline {pipeline_id}",
-        tags={"lakehouse/pipeline": pipeline_id},
-    )
-    return unresolved.resolve(asset_graph=AssetGraph.from_assets(assets), default_executor_def=dg.in_process_executor,
-                              resource_defs=resources)
+def pipeline_selection(catalog: MetadataCatalog, pipeline_id: str) -> list[dg.AssetKey]:
+    """The asset keys a run of the pipeline selects: its stages, in stage order."""
+    return [dg.AssetKey(list(p)) for p in pipeline_paths(catalog, pipeline_id)]

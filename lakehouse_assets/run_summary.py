@@ -120,7 +120,8 @@ def summarize_run(instance: dg.DagsterInstance, run_id: str, catalog: MetadataCa
     run = instance.get_run_by_id(run_id)
     events = [rec.dagster_event for rec in instance.all_logs(run_id) if rec.dagster_event is not None]
     stages = stage_keys(catalog, run.tags.get(PIPELINE_TAG), run.asset_selection)
-    return summarize(events, run_id, run.job_name, stages)
+    # named by its pipeline: a pipeline's run is the asset job (Dagster's `__ASSET_JOB`) with its stages selected
+    return summarize(events, run_id, run.tags.get(PIPELINE_TAG) or run.job_name, stages)
 
 
 def record(instance: dg.DagsterInstance | None, platform, summary: RunSummary, pipeline_id: str | None) -> None:

@@ -3,8 +3,6 @@ plus the platform's own control loops (throughput sync, kill switch, alerts)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import dagster as dg
 
 from lakehouse_assets.factory import Graph
@@ -14,7 +12,7 @@ from sensors.killswitch import build_killswitch_sensor
 from sensors.throughput import build_throughput_sensor
 
 
-def build_sensors(g: Graph, jobs: Sequence) -> list[dg.SensorDefinition]:
-    arrivals = build_arrival_sensor(g, jobs)
+def build_sensors(g: Graph) -> list[dg.SensorDefinition]:
+    arrivals = build_arrival_sensor(g)
     return [*([arrivals] if arrivals is not None else []), build_throughput_sensor(), build_killswitch_sensor(),
             *build_alert_sensors()]

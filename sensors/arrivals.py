@@ -2,15 +2,18 @@
 
 A tick is one evaluation for all sources: the metadata is loaded once, each source is polled
 (listed) in a thread pool, and each keeps its own cursor inside the sensor's JSON cursor. New
-files start the stage's pipeline job on the ingesting stage and what follows it in the pipeline
-(a run of one pipeline builds that pipeline only: lakehouse_assets/definitions.py). A source that
-is switched off, or whose listing fails, is skipped with its reason while the others go on.
+files start a run of the ingesting stage and what follows it in its pipeline. A source that is
+switched off, or whose listing fails, is skipped with its reason while the others go on.
 
 What each source is doing is shown where an operator looks for it: on the source's asset
 (`sources/<id>`) as an observation whenever its state changes (new files, nothing new, disabled,
 error: with the reason and the files and runs it led to), in the tick's summary, and in the tags of
 the runs it requests (`lakehouse/source`, `lakehouse/stage`). The listing, cursor and batching
 logic lives in `lakehouse.ingest.arrivals`.
+
+A run it requests is the platform's asset job (`factory.PIPELINES_JOB`) with those stages selected:
+there is no job per pipeline, and the run worker builds that pipeline only
+(lakehouse_assets/definitions.py).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from lakehouse.ingest.s3 import ARRIVAL_TAG
 from lakehouse.runner import Platform
 from lakehouse.sources.arrivals import poll_arrivals
 from lakehouse.throughput.queue import instance_of, request_tags
-from lakehouse_assets.factory import Graph, job_name, source_asset_key
+from lakehouse_assets.factory import PIPELINES_JOB, Graph, source_asset_key
 from resources.lakehouse import LakehouseResource
 
 SENSOR_NAME = "lakehouse_arrivals"
@@ -129,7 +132,7 @@ def evaluate(context: dg.SensorEvaluationContext, platform: Platform, watched: S
             tags = {"lakehouse/pipeline": w.pipeline_id, STAGE_TAG: w.stage_name, SOURCE_TAG: w.source_id}
             for b in res.batches:
                 requests.append(dg.RunRequest(
-                    run_key=b.run_key, job_name=job_name(w.pipeline_id), asset_selection=list(w.selection),
+                    run_key=b.run_key, job_name=PIPELINES_JOB, asset_selection=list(w.selection),
                     tags={**request_tags(platform.store, w.pipeline_id, instance), **tags,
                           "lakehouse/files": str(len(b.files)), ARRIVAL_TAG: b.run_key, **res.tags}))
         digest = hashlib.sha256(f"{status}|{reason}".encode()).hexdigest()[:16]
@@ -156,20 +159,19 @@ def evaluate(context: dg.SensorEvaluationContext, platform: Platform, watched: S
                            asset_events=observations)
 
 
-def build_arrival_sensor(g: Graph, jobs: Sequence) -> dg.SensorDefinition | None:
-    """The one arrival sensor, targeting the jobs of the pipelines it watches; None when none reads files."""
+def build_arrival_sensor(g: Graph) -> dg.SensorDefinition | None:
+    """The one arrival sensor, targeting the asset job (each run selects its stages); None when no
+    stage reads files."""
     watched = watched_stages(g)
     if not watched:
         return None
-    wanted = {job_name(w.pipeline_id) for w in watched}
-    targets = [j for j in jobs if j.name in wanted]
 
     @dg.sensor(
         name=SENSOR_NAME,
         description=f"New files in the {len(watched)} landing zone / S3 source(s) of ingesting stages start their "
                     "pipeline from that stage. One evaluation per tick for all of them; per-source state on each "
                     "source asset (`sources/<id>`) and in this sensor's tick history.",
-        jobs=targets,
+        job_name=PIPELINES_JOB,
         minimum_interval_seconds=int(os.environ.get("LAKEHOUSE_ARRIVALS_INTERVAL", "30")),
         default_status=dg.DefaultSensorStatus.STOPPED,
     )

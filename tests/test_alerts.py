@@ -62,9 +62,9 @@ def alerting(settings, slack_api, tmp_path, monkeypatch):
 
 
 def run_job(platform, job: str, instance):
-    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.definitions import build_definitions, pipeline_job
 
-    return build_definitions(platform).resolve_job_def(job).execute_in_process(
+    return pipeline_job(build_definitions(platform), job.removesuffix("_job")).execute_in_process(
         instance=instance, raise_on_error=False, tags={"lakehouse/pipeline": job.removesuffix("_job")})
 
 
@@ -186,9 +186,9 @@ def test_failed_and_killed_runs_alert_once_each_with_routing(alerting, slack_api
 
     # a killed run of the low-criticality pipeline: the webhook (per pipeline) gets it, Slack (critical only) not
     monkeypatch.delenv("LAKEHOUSE_FAULTS")
-    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.definitions import build_definitions, pipeline_job
 
-    job = build_definitions(alerting).resolve_job_def("misc_etl_job")
+    job = pipeline_job(build_definitions(alerting), "misc_etl")
     run = instance.create_run_for_job(job, tags={"lakehouse/pipeline": "misc_etl"})
     instance.report_run_canceled(run)
     evaluate_run_sensor(run_canceled_alerts, instance, run.run_id, dg.DagsterEventType.RUN_CANCELED)
@@ -216,10 +216,10 @@ def test_kill_switch_one_message_per_flip(alerting, slack_api):
     # the same flip stops another run's step and a queued run: no second message
     with pytest.raises(StageDisabled):
         StageRunner(alerting, "orders_etl", "ingest", run_id="run0002").extract()
-    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.definitions import build_definitions, pipeline_job
 
     instance = queued_instance(alerting.settings.home / "dagster")
-    job = build_definitions(alerting).resolve_job_def("orders_etl_job")
+    job = pipeline_job(build_definitions(alerting), "orders_etl")
     queued = instance.create_run_for_job(job, tags={"lakehouse/pipeline": "orders_etl"},
                                          status=dg.DagsterRunStatus.QUEUED, remote_job_origin=job_origin(job.name))
     assert [d.run_id for d in enforce(instance, alerting)] == [queued.run_id]

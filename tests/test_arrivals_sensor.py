@@ -52,7 +52,8 @@ def test_one_tick_for_every_source_with_a_cursor_and_a_state_each(three, monkeyp
 
     first = tick(defs, sensor, instance, None)
     [req] = first.run_requests  # the two files fit one batch
-    assert req.job_name == "p0_job"  # the pipeline's own job: its run worker builds that pipeline only
+    # the asset job with the stage and what follows it selected: its run worker builds pipeline p0 only
+    assert req.job_name == defs.resolve_implicit_global_asset_job_def().name
     assert req.asset_selection == [dg.AssetKey(["bronze", "user_events0"]), dg.AssetKey(["silver", "user_events0"]),
                                    dg.AssetKey(["gold", "daily_user_events0"])]
     assert (req.tags["lakehouse/source"], req.tags["lakehouse/stage"], req.tags["lakehouse/files"]) == (

@@ -357,12 +357,13 @@ def test_importing_the_code_location_touches_nothing(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "import lakehouse_assets.definitions as d; print(type(d.defs).__name__)"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "RepositoryDefinition"
+    assert proc.stdout.strip() == "LakehouseRepository"  # a dg.RepositoryDefinition
     assert not home.exists()  # no control DB, catalog or folder created by the import
 
 
 def test_a_runs_build_is_the_job_the_code_location_shows(home, monkeypatch):
-    from lakehouse_assets.definitions import build_definitions, lakehouse_repository
+    from lakehouse_assets.definitions import build_definitions, lakehouse_repository, pipeline_job
+    from lakehouse_assets.factory import PIPELINES_JOB
 
     trace = home / "trace.jsonl"
     monkeypatch.setenv("LAKEHOUSE_DEFS_TRACE", str(trace))
@@ -378,14 +379,17 @@ def test_a_runs_build_is_the_job_the_code_location_shows(home, monkeypatch):
     (meta / "pipelines.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     store_of(home).apply(load_metadata(meta))
     platform = Platform(load_settings(), store_of(home))
-    full = build_definitions(platform).resolve_job_def("p2_job")
+    whole = build_definitions(platform)
+    assert not [j.name for j in whole.jobs if j.name.startswith("p")]  # no job per pipeline
+    full = pipeline_job(whole, "p2")
     scoped_defs = build_definitions(platform, pipelines=["p2"])
-    scoped = scoped_defs.resolve_job_def("p2_job")
-    assert [j.name for j in scoped_defs.jobs] == ["p2_job"]
+    scoped = pipeline_job(scoped_defs, "p2")
+    # a pipeline's run is Dagster's implicit asset job with its stages selected, in both builds
+    assert not scoped_defs.jobs and full.name == scoped.name == PIPELINES_JOB
     stage_keys = {k for a in scoped_defs.assets for k in a.keys}
     assert stage_keys == {dg.AssetKey([layer, f"{t}2"]) for layer, t in
                           (("bronze", "user_events"), ("silver", "user_events"), ("gold", "daily_user_events"))}
-    assert scoped.asset_layer.selected_asset_keys == full.asset_layer.selected_asset_keys
+    assert scoped.asset_layer.selected_asset_keys == full.asset_layer.selected_asset_keys == stage_keys
     from dagster._core.execution.api import create_execution_plan
 
     assert sorted(s.key for s in create_execution_plan(scoped).steps) == \
@@ -393,16 +397,21 @@ def test_a_runs_build_is_the_job_the_code_location_shows(home, monkeypatch):
     silver = scoped.asset_layer.asset_graph.get(dg.AssetKey(["silver", "user_events2"]))
     assert silver.parent_keys == {dg.AssetKey(["bronze", "user_events2"]), dg.AssetKey(["bronze", "user_events0"])}
 
-    # the code location's repository: asked for one pipeline's job first (a run worker), it builds that one
+    # the code location's repository: asked first for a run of p1's stages (what a run worker asks,
+    # ReconstructableJob.get_definition), it builds p1 alone
+    p1 = pipeline_job(whole, "p1").asset_layer.selected_asset_keys
     trace.unlink()
     repo = lakehouse_repository(platform)
-    job = repo.get_job("p1_job")
-    assert job.asset_layer.selected_asset_keys == build_definitions(platform).resolve_job_def(
-        "p1_job").asset_layer.selected_asset_keys
+    job = repo.get_maybe_subset_job_def(PIPELINES_JOB, asset_selection=p1)
+    assert job.asset_layer.selected_asset_keys == p1 and job.name == PIPELINES_JOB
     builds = [json.loads(x) for x in trace.read_text().splitlines()]
-    assert builds[0]["pipelines"] == ["p1"] and builds[0]["stage_assets"] == 3 and builds[0]["jobs"] == ["p1_job"]
+    assert builds[0]["pipelines"] == ["p1"] and builds[0]["stage_assets"] == 3 and builds[0]["jobs"] == []
+    assert repo.get_maybe_subset_job_def(PIPELINES_JOB, asset_selection=p1) is job  # once per process
     trace.unlink()
-    assert set(repo.job_names) >= {"p0_job", "p1_job", "p2_job", "__ASSET_JOB"}  # anything else: the whole graph
+    # a selection with a non-stage asset (a maintenance asset) is answered by the whole graph
+    mixed = repo.get_maybe_subset_job_def(PIPELINES_JOB, asset_selection={*p1, dg.AssetKey(["maintenance", "bronze"])})
+    assert mixed.asset_layer.selected_asset_keys == {*p1, dg.AssetKey(["maintenance", "bronze"])}
+    assert PIPELINES_JOB in repo.job_names
     assert [json.loads(x)["pipelines"] for x in trace.read_text().splitlines()] == [None]
 
 

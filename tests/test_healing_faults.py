@@ -18,7 +18,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 
 from lakehouse.control import faults
 from lakehouse.metadata.loader import load_metadata
-from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.definitions import build_definitions, pipeline_job
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +37,7 @@ def apply_yaml(platform, tmp_path: Path, text: str) -> None:
 
 
 def run_job(platform, pipeline_id: str):
-    job = build_definitions(platform).resolve_job_def(f"{pipeline_id}_job")
+    job = pipeline_job(build_definitions(platform), pipeline_id)
     return job.execute_in_process(instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
 
 

@@ -16,7 +16,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 
 from lakehouse.control import faults
 from lakehouse.metadata.loader import load_metadata
-from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.definitions import build_definitions, pipeline_job
 
 SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
              b"<Message>Please reduce your request rate.</Message></Error>")
@@ -121,7 +121,7 @@ def test_transient_s3_errors_are_healed_by_backoff(platform, s3_server, tmp_path
     # boto3 here makes 5 attempts per call: 6 straight 503s exhaust it once, so the step itself fails
     with FaultProxy(s3_server.endpoint_url, fail_first=6) as proxy:
         monkeypatch.setenv("LAKEHOUSE_S3_ENDPOINT_URL", proxy.url)
-        job = build_definitions(platform).resolve_job_def("ts3_job")
+        job = pipeline_job(build_definitions(platform), "ts3")
         result = job.execute_in_process(instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
         assert proxy.failed == 6 and proxy.seen > 6
     assert result.success

@@ -76,10 +76,10 @@ def apply_yaml(platform, tmp_path, doc: dict, name: str = "jdbc.yaml"):
 
 
 def run_job(platform, pipeline_id: str, instance=None):
-    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.definitions import build_definitions, pipeline_job
 
     defs = build_definitions(platform)
-    job = defs.resolve_job_def(f"{pipeline_id}_job")
+    job = pipeline_job(defs, pipeline_id)
     return job.execute_in_process(instance=instance or dg.DagsterInstance.ephemeral(), raise_on_error=False)
 
 

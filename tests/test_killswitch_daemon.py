@@ -70,11 +70,11 @@ def test_flag_flip_by_sql_stops_runs_on_a_real_daemon(settings, tmp_path, dagste
     inst.all_instigator_state()
     d.start()
     tags = {"lakehouse/pipeline": "ks"}
-    long_run = d.submit("ks_job", tags=tags)
+    long_run = d.submit_pipeline("ks", tags=tags)
     # the long run is writing batches to its audit branch (one commit per file)
     _wait(lambda: any(e.event == "stage_started" for e in store.audit_entries(run_id=long_run)), 1500,
           "the long run to start loading\n" + d.log_tail())
-    queued_run = d.submit("ks_job", tags=tags)
+    queued_run = d.submit_pipeline("ks", tags=tags)
     assert inst.get_run_by_id(queued_run).status == dg.DagsterRunStatus.QUEUED
 
     cat = SqlCatalog(settings.catalog_name, uri=settings.catalog_uri, warehouse=settings.warehouse)
@@ -132,10 +132,10 @@ def test_flag_flip_by_sql_stops_runs_on_a_real_daemon(settings, tmp_path, dagste
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE pipelines SET enabled = :v WHERE pipeline_id = :p"), {"v": True, "p": "ks"})
     from lakehouse.runner import Platform
-    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.definitions import build_definitions, pipeline_job
 
     platform = Platform(settings, store)
-    resumed = build_definitions(platform).resolve_job_def("ks_job").execute_in_process(
+    resumed = pipeline_job(build_definitions(platform), "ks").execute_in_process(
         instance=inst, tags=tags, raise_on_error=False)
     assert resumed.success
     ids = cat.load_table("bronze.ks").scan().to_arrow().column("id").to_pylist()

@@ -30,7 +30,7 @@ stages:
 
 
 def test_pipeline_and_stage_flags_select_the_runs_to_stop(settings, tmp_path):
-    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.definitions import build_definitions, pipeline_job
 
     platform = Platform(settings, MetadataStore(settings.control_db_url))
     f = tmp_path / "kd.yaml"
@@ -39,14 +39,16 @@ def test_pipeline_and_stage_flags_select_the_runs_to_stop(settings, tmp_path):
     defs = build_definitions(platform)
     instance = dg.DagsterInstance.ephemeral()
 
-    def new_run(job: str, pipeline: str, keys=None):
-        job_def = defs.resolve_job_def(job)
-        return instance.create_run_for_job(job_def, tags={"lakehouse/pipeline": pipeline},
-                                           asset_selection=frozenset(keys) if keys else None).run_id
+    def new_run(pipeline: str, keys=None, tagged: bool = True):
+        job_def = pipeline_job(defs, pipeline)  # the asset job with the pipeline's stages selected
+        return instance.create_run_for_job(job_def, tags={"lakehouse/pipeline": pipeline} if tagged else {},
+                                           asset_selection=frozenset(keys or job_def.asset_layer.selected_asset_keys)
+                                           ).run_id
 
-    whole = new_run("kd_job", "kd")
-    only_b = new_run("kd_job", "kd", [dg.AssetKey(["silver", "kd_b"])])
-    unrelated = new_run("other_job", "other")
+    whole = new_run("kd")
+    only_b = new_run("kd", [dg.AssetKey(["silver", "kd_b"])])
+    from_ui = new_run("kd", tagged=False)  # a UI "Materialize" of kd's assets: no tag, known by its selection
+    unrelated = new_run("other")
     assert runs_to_stop(instance, platform) == []
 
     platform.store.set_enabled("stage", "kd.b", False, by="test")
@@ -55,14 +57,15 @@ def test_pipeline_and_stage_flags_select_the_runs_to_stop(settings, tmp_path):
     with platform.store.engine.begin() as conn:  # plain SQL on the pipelines table
         conn.execute(sa.text("UPDATE pipelines SET enabled = :v WHERE pipeline_id = :p"), {"v": False, "p": "kd"})
     decisions = {d.run_id: d for d in runs_to_stop(instance, platform)}
-    assert set(decisions) == {whole, only_b} and unrelated not in decisions
+    assert set(decisions) == {whole, only_b, from_ui} and unrelated not in decisions
+    assert decisions[from_ui].pipeline_id == "kd"
     assert "pipeline 'kd' is disabled" in decisions[whole].reason
     assert decisions[whole].action == "cancel"  # NOT_STARTED: cancelled, never launched
 
     platform.store.set_enabled("platform", "*", False, by="test")
-    assert {d.run_id for d in runs_to_stop(instance, platform)} == {whole, only_b, unrelated}
+    assert {d.run_id for d in runs_to_stop(instance, platform)} == {whole, only_b, from_ui, unrelated}
     platform.store.set_enabled("platform", "*", True, by="test")
 
     enforce(instance, platform)
     logged = {e.run_id for e in platform.store.audit_entries(event="kill_switch")}
-    assert logged == {whole, only_b}
+    assert logged == {whole, only_b, from_ui}

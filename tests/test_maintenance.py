@@ -138,10 +138,9 @@ def test_maintenance_asset_materializes_with_results(platform, spark, tmp_path, 
         spark.createDataFrame([(i, "x")], "id BIGINT, v STRING").writeTo(tables.qualified(ident)).append()
     defs = maintenance_definitions(platform.catalog())
     [asset] = defs["assets"]
-    assert {n.name: n.definition.pool for n in asset.node_def.nodes if n.definition.pool} == {
-        "maintain__events": "target:events", "maintain__events_daily": "target:events_daily"}
+    assert asset.op.pool == f"maintenance:{unique_ns}"  # one op for the namespace's tables
     [sched] = defs["schedules"]
-    assert sched.cron_schedule == "30 2 * * *" and sched.job_name == f"{unique_ns}__maintenance"
+    assert sched.cron_schedule == "30 2 * * *" and sched.job_name == "__ASSET_JOB"  # its asset selected
 
     result = dg.materialize([asset], resources={"lakehouse": LakehouseResource()})
     assert result.success

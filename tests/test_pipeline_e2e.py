@@ -11,7 +11,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 
 from lakehouse.demo import expected_daily, generate_user_events
 from lakehouse.metadata.loader import load_metadata
-from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.definitions import build_definitions, pipeline_job
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "metadata" / "demo"
@@ -30,7 +30,7 @@ def demo_platform(platform):
 
 def run_pipeline(platform, pipeline_id: str = "user_events_etl", instance=None):
     defs = build_definitions(platform)
-    job = defs.resolve_job_def(f"{pipeline_id}_job")
+    job = pipeline_job(defs, pipeline_id)
     return job.execute_in_process(instance=instance or dg.DagsterInstance.ephemeral(), raise_on_error=False)
 
 

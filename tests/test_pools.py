@@ -164,7 +164,7 @@ def test_daemon_never_exceeds_pool_limits(settings, tmp_path, dagster_daemon_fac
                                extra_env={"LAKEHOUSE_TEST_STEP_SECONDS": "15"},
                                storage_url=postgres_server.sqlalchemy_url(postgres_db, driver="psycopg2"))
     sync_instance(d.instance, platform.store.load())  # what `metadata apply` does with DAGSTER_HOME set
-    runs = [d.submit(f"{p}_job", {"lakehouse/pipeline": p}) for p in ("p_a", "p_b", "p_a", "p_c")]
+    runs = [d.submit_pipeline(p, {"lakehouse/pipeline": p}) for p in ("p_a", "p_b", "p_a", "p_c")]
     d.start()
     finished = d.wait_for_runs(runs, timeout=1000)
     assert [r.status.value for r in finished] == ["SUCCESS"] * 4, d.failures(runs)

@@ -17,7 +17,7 @@ from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.runner import Platform
 from lakehouse.settings import load_settings
-from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.definitions import build_definitions, pipeline_job
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -85,7 +85,7 @@ def test_demo_pipeline_on_postgres_storage_and_catalog(production_env, spark, po
         limits = {p.name: p.limit for p in instance.event_log_storage.get_pool_limits()}
         assert limits["source:user_events_raw"] == 2 and limits["target:bronze_user_events"] == 1
 
-        job = build_definitions(platform).resolve_job_def("user_events_etl_job")
+        job = pipeline_job(build_definitions(platform), "user_events_etl")
         result = job.execute_in_process(instance=instance, raise_on_error=False)
         assert result.success
         run_id = result.run_id

@@ -102,7 +102,7 @@ def test_retag_queued_runs_on_a_persistent_instance(tplatform, tmp_path, monkeyp
     d = dagster_daemon_factory(max_concurrent_runs=1, start=False, module=CODELOC)  # no daemon: runs stay QUEUED
     instance = d.instance
     store = tplatform.store
-    queued = {p: d.submit(f"{p}_job", request_tags(store, p, instance)) for p in PIPES}
+    queued = {p: d.submit_pipeline(p, request_tags(store, p, instance)) for p in PIPES}
     assert {instance.get_run_by_id(r).status for r in queued.values()} == {dg.DagsterRunStatus.QUEUED}
     prios = {p: int(instance.get_run_by_id(r).tags[PRIORITY_TAG]) for p, r in queued.items()}
     # balanced ignores criticality; each run sees the ones queued before it on the same source: FIFO
@@ -129,7 +129,7 @@ def test_daemon_profile_switch_reorders_queued_runs(settings, tmp_path, dagster_
     apply(platform, throughput_metadata(pipes, []), tmp_path / "m.yaml")
     d = dagster_daemon_factory(max_concurrent_runs=1, start=False, module=CODELOC,
                                extra_env={"LAKEHOUSE_TEST_STEP_SECONDS": "1"})
-    runs = {p: d.submit(f"{p}_job", request_tags(platform.store, p, d.instance)) for p in pipes}
+    runs = {p: d.submit_pipeline(p, request_tags(platform.store, p, d.instance)) for p in pipes}
     before = {p: int(d.instance.get_run_by_id(r).tags[PRIORITY_TAG]) for p, r in runs.items()}
     assert sorted(pipes, key=lambda p: -before[p]) == ["p_low", "p_norm", "p_crit"]  # balanced: FIFO
 

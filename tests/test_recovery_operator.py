@@ -113,7 +113,7 @@ def test_sql_stage_reads_the_declared_replica_when_its_upstream_is_unavailable(p
     from pyiceberg.catalog.sql import SqlCatalog
 
     from lakehouse.demo import generate_user_events
-    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.definitions import build_definitions, pipeline_job
 
     meta = tmp_path / "meta"
     shutil.copytree(REPO / "metadata" / "demo", meta)
@@ -127,7 +127,7 @@ def test_sql_stage_reads_the_declared_replica_when_its_upstream_is_unavailable(p
     s = platform.settings
     generate_user_events(s.landing_dir / "user_events", rows=1200, files=2, seed=9)
     defs = build_definitions(platform)
-    assert defs.resolve_job_def("user_events_etl_job").execute_in_process(
+    assert pipeline_job(defs, "user_events_etl").execute_in_process(
         instance=dg.DagsterInstance.ephemeral()).success
 
     # the replica: kept by someone else, here a copy of silver with the views only (so it is telling)

@@ -78,7 +78,7 @@ def test_stage_policy_wins_over_the_pipeline_default(rp_platform):
 def test_dagster_retries_follow_the_control_db_at_run_time(rp_platform, spark, monkeypatch):
     """Two transient failures, max_retries 2 → the run succeeds after 2 Dagster retries. Then a SQL
     UPDATE to max_retries 0 makes the very same Definitions object fail: no reload needed."""
-    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.definitions import build_definitions, pipeline_job
 
     rp_platform.spark()  # bind the test's catalog on the session
     land = rp_platform.settings.landing_dir / "rp"
@@ -87,7 +87,7 @@ def test_dagster_retries_follow_the_control_db_at_run_time(rp_platform, spark, m
     faults.reset()
     monkeypatch.setenv(faults.ENV, "fail:point=extract,stage=a,times=2")
     defs = build_definitions(rp_platform)
-    job = defs.resolve_job_def("rp_job")
+    job = pipeline_job(defs, "rp")
 
     ok = job.execute_in_process(instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
     assert ok.success

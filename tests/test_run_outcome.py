@@ -68,7 +68,7 @@ def test_run_summary_with_warn_failure_quarantine_and_skip(platform, settings, u
     assert cli(["run", f"{ns}_p"]) == 3  # success with warnings
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].endswith(f"({ns}_p_job): SUCCESS with warnings"), out
+    assert lines[0].endswith(f"({ns}_p): SUCCESS with warnings"), out
     row = {ln.split()[0]: ln.split() for ln in lines if ln.startswith(("bronze/", "silver/"))}
     assert row["bronze/events"][1:5] == ["published", "4", "3", "1"]  # read 4 = 3 written + 1 quarantined
     assert row["bronze/quiet"][1:5] == ["skipped", "0", "0", "0"]
@@ -94,14 +94,14 @@ def test_run_summary_with_warn_failure_quarantine_and_skip(platform, settings, u
     assert cli(["run", f"{ns}_p", "-v"]) == 0  # nothing failing this time
     out, err = capsys.readouterr()
     assert "STEP_START" in out + err
-    assert any(ln.startswith("run ") and ln.endswith(f"({ns}_p_job): SUCCESS") for ln in out.splitlines()), out
+    assert any(ln.startswith("run ") and ln.endswith(f"({ns}_p): SUCCESS") for ln in out.splitlines()), out
 
     # a run launched elsewhere (UI, schedule, sensor) gets the same tags from the summary sensor
-    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.definitions import build_definitions, pipeline_job
     from lakehouse_assets.run_summary import build_run_summary_sensor
 
     land(settings, ns, [{"id": 10, "v": "y", "amount": 250.0}], "f3.jsonl")
-    job = build_definitions(platform).resolve_job_def(f"{ns}_p_job")
+    job = pipeline_job(build_definitions(platform), f"{ns}_p")
     ui_run = job.execute_in_process(instance=instance, raise_on_error=False).run_id
     assert "lakehouse/outcome" not in instance.get_run_by_id(ui_run).tags
     tick = evaluate_tick(build_run_summary_sensor(), instance=instance)

@@ -255,9 +255,9 @@ def test_sensor_run_reads_exactly_its_batch(platform, s3env, tmp_path, unique_ns
     reqs = result.run_requests
     assert [r.tags["lakehouse/files"] for r in reqs] == ["2", "1"]
     assert all(r.tags[ARRIVAL_TAG] == r.run_key for r in reqs)
-    assert {(r.job_name, r.tags["lakehouse/source"]) for r in reqs} == {("wf_logs_job", "wf_logs_s3")}
+    assert {(r.job_name, r.tags["lakehouse/source"]) for r in reqs} == {("__ASSET_JOB", "wf_logs_s3")}
     assert reqs[0].asset_selection == [dg.AssetKey(["bronze", "wf_logs"])]
-    job = defs.resolve_job_def(reqs[0].job_name)  # the pipeline's job: a run worker builds that pipeline only
+    job = defs.resolve_job_def(reqs[0].job_name)  # the asset job: a run worker builds the selection's pipeline only
     first = job.execute_in_process(instance=instance, tags=reqs[0].tags, raise_on_error=False,
                                    asset_selection=reqs[0].asset_selection)
     assert first.success

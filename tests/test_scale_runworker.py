@@ -1,8 +1,8 @@
 """A run launched by a REAL daemon builds its own pipeline, not every pipeline (issue 22).
 
-Three pipelines in the control DB; pipeline p1's job is submitted to a persistent instance; the
-daemon launches it through its code server, whose run worker (a fresh process, its own JVM) loads
-the code location. LAKEHOUSE_DEFS_TRACE records what each process built: the code servers the
+Three pipelines in the control DB; a run of pipeline p1 (the asset job with p1's stages selected, as
+a schedule or the UI launches it) is submitted to a persistent instance; the daemon launches it
+through its code server, whose run worker (a fresh process, its own JVM) loads the code location. LAKEHOUSE_DEFS_TRACE records what each process built: the code servers the
 whole graph, the run worker p1's three stages only. The run materializes p1 for real (Spark,
 Iceberg) and nothing of the other pipelines.
 """
@@ -30,7 +30,7 @@ def test_a_launched_run_worker_builds_its_own_pipeline(settings, tmp_path, dagst
     generate_user_events(settings.landing_dir / "landing1", rows=300, files=2, seed=4)
     trace = tmp_path / "defs_trace.jsonl"
     d = dagster_daemon_factory(extra_env={"LAKEHOUSE_DEFS_TRACE": str(trace)})
-    run_id = d.submit("p1_job", tags={"lakehouse/pipeline": "p1"})
+    run_id = d.submit_pipeline("p1")  # untagged, as from the UI: the worker goes by the selection
     [run] = d.wait_for_runs([run_id], timeout=1800)
     assert run.status == dg.DagsterRunStatus.SUCCESS, d.failures([run_id]) + "\n" + d.log_tail()
 
@@ -50,5 +50,5 @@ def test_a_launched_run_worker_builds_its_own_pipeline(settings, tmp_path, dagst
     whole = [b for b in builds if b["pipelines"] is None]
     mine = [b for b in builds if b["pipelines"] == ["p1"]]
     assert whole and all(b["stage_assets"] == 9 for b in whole), builds  # code servers: every pipeline's stages
-    assert mine and all(b["stage_assets"] == 3 and b["jobs"] == ["p1_job"] for b in mine), builds  # the run worker
+    assert mine and all(b["stage_assets"] == 3 and b["jobs"] == [] for b in mine), builds  # the run worker
     assert {b["pid"] for b in mine}.isdisjoint({b["pid"] for b in whole})

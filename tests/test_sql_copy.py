@@ -86,7 +86,7 @@ def test_imported_copy_runs_end_to_end_on_s3(platform, s3_server, tmp_path, monk
     from pyiceberg.catalog.sql import SqlCatalog
 
     from lakehouse.cli import main as cli
-    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.definitions import build_definitions, pipeline_job
 
     bucket = s3_server.new_bucket("company")
     client = s3_server.client()
@@ -105,7 +105,7 @@ def test_imported_copy_runs_end_to_end_on_s3(platform, s3_server, tmp_path, monk
     err = capsys.readouterr().err
     assert "note:" in err and "IAM_ROLE" in err and "arn:aws:iam" not in err
     assert cli(["metadata", "apply", str(out)]) == 0
-    result = build_definitions(platform).resolve_job_def("events_etl_job").execute_in_process(
+    result = pipeline_job(build_definitions(platform), "events_etl").execute_in_process(
         raise_on_error=False)
     assert result.success
 

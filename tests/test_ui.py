@@ -85,12 +85,23 @@ def test_asset_graph_shows_layer_groups_and_their_assets(page, dagster_dev):
 
 
 def test_materialize_all_from_the_ui_succeeds(page, dagster_dev):
+    """A pipeline is selected in the lineage by its assets' tag (there is no job per pipeline) and
+    materialized with "Materialize all": the run is the asset job with exactly its stages selected."""
     before = {r["runId"] for r in dagster_dev.runs()}
-    open_page(page, dagster_dev, f"/locations/{LOCATION}/jobs/{PIPELINE}_job")
+    open_page(page, dagster_dev, "/asset-groups")
+    # the selection box is a CodeMirror editor: its textarea takes the keys
+    page.get_by_role("textbox", name="Search and filter assets").focus()
+    page.keyboard.type(f'tag:"lakehouse/pipeline"="{PIPELINE}"')
+    page.keyboard.press("Enter")
+    expect(page.get_by_text("Materialize all", exact=True)).to_be_visible()  # no count: the filtered graph's
     button = page.get_by_role("button", name=re.compile(r"Materialize all$"))
     expect(button).to_be_enabled()
     button.click()
     run = dagster_dev.wait_for_run(lambda r: r["runId"] not in before, terminal=False, timeout=120)
+    selected = dagster_dev.graphql("query($id: ID!) { runOrError(runId: $id) { ... on Run { jobName "
+                                   "assetSelection { path } } } }", {"id": run["runId"]})["runOrError"]
+    assert sorted("/".join(k["path"]) for k in selected["assetSelection"]) == [
+        "bronze/user_events", "gold/daily_user_events", "silver/user_events"], selected
     # Wait off-page: a live run page costs a whole core in Chromium, which the run itself needs on 2 cores.
     page.goto("about:blank")
     finished = dagster_dev.wait_for_run(lambda r: r["runId"] == run["runId"], timeout=RUN_TIMEOUT_MS / 1000)

@@ -13,7 +13,7 @@ from lakehouse.dashboard import compute_overview, render_markdown
 from lakehouse.demo import generate_user_events
 from lakehouse.metadata.loader import load_metadata
 from lakehouse_assets.dashboard import DASHBOARD_KEY, dashboard_refresh_sensor, data_quality_dashboard
-from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.definitions import build_definitions, pipeline_job
 from resources import LakehouseResource
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ def land_bad_batch(landing: Path) -> None:
 
 
 def run_pipeline(platform):
-    job = build_definitions(platform).resolve_job_def("user_events_etl_job")
+    job = pipeline_job(build_definitions(platform), "user_events_etl")
     return job.execute_in_process(instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
 
 

@@ -83,7 +83,9 @@ def definitions(platform) -> dg.Definitions:
 
 
 def run(platform, pipeline_id: str = "orders_etl"):
-    job = definitions(platform).resolve_job_def(f"{pipeline_id}_job")
+    from lakehouse_assets.definitions import pipeline_job
+
+    job = pipeline_job(definitions(platform), pipeline_id)
     return job.execute_in_process(instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
 
 

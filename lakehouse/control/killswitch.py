@@ -2,7 +2,8 @@
 
 The flags are read from the control DB on every call (`MetadataStore.enabled`), so a flip by CLI
 or by a plain SQL UPDATE applies at the next sensor tick. A run is matched by its
-`lakehouse/pipeline` tag (every job, sensor and schedule of the platform sets it). Stopping uses
+`lakehouse/pipeline` tag (every sensor and schedule of the platform and `lakehouse run` set it) or,
+for a run launched from the UI, by the pipeline owning every stage asset it selects. Stopping uses
 `instance.run_coordinator.cancel_run`, exactly what the UI's Terminate does: a queued run is
 cancelled in the queue, a started one is terminated by the run launcher. A stage-level flag stops
 a run only when every stage the run materializes is disabled; otherwise the stage's own checks
@@ -14,6 +15,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from lakehouse.metadata.assets import pipeline_of_run, stage_paths
 
 if TYPE_CHECKING:
     from lakehouse.platform import Platform
@@ -42,9 +45,7 @@ def _stages_of_run(run: Any, platform: Platform) -> list[tuple[str, str]]:
     keys = getattr(run, "asset_selection", None)
     if not keys:
         return []
-    catalog = platform.catalog()
-    # a stage's asset key is [layer, target table] (lakehouse_assets.factory.stage_asset_key)
-    by_path = {(s.layer, catalog.target(s.target_id).table): (s.pipeline_id, s.stage_name) for s in catalog.stages}
+    by_path = stage_paths(platform.catalog())  # a stage's asset key is [layer, target table]
     return [by_path[tuple(k.path)] for k in keys if tuple(k.path) in by_path]
 
 
@@ -57,7 +58,11 @@ def runs_to_stop(instance: Any, platform: Platform) -> list[StopDecision]:
     verdicts: dict[str, tuple[bool, str]] = {}
     out = []
     for run in runs:
-        pid = run.tags.get(PIPELINE_TAG)
+        # tagged by the platform's schedules, sensors and `lakehouse run`; a UI "Materialize" of a
+        # pipeline's assets is known by what it selects
+        pid = run.tags.get(PIPELINE_TAG) or (
+            pipeline_of_run(run.tags, [k.path for k in run.asset_selection], platform.catalog())
+            if getattr(run, "asset_selection", None) else None)
         if not pid:
             continue
         if pid not in verdicts:

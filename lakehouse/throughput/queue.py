@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
+from lakehouse.metadata.assets import pipeline_of_run
 from lakehouse.metadata.model import MetadataCatalog
 from lakehouse.metadata.store import MetadataStore, audit_log
 from lakehouse.throughput.profiles import (
@@ -64,8 +65,8 @@ def _active_runs(instance: dg.DagsterInstance):
 def _infos(catalog: MetadataCatalog, runs, durations) -> dict[str, RunInfo]:
     known = {p.pipeline_id for p in catalog.pipelines}
     out = {}
-    for r in runs:
-        pid = r.tags.get(PIPELINE_TAG)
+    for r in runs:  # a UI "Materialize" of a pipeline's assets has no tag: it is known by its selection
+        pid = pipeline_of_run(r.tags, [k.path for k in r.asset_selection or ()], catalog)
         if pid in known:
             out[r.run_id] = run_info(catalog, pid, durations)
     return out
@@ -107,7 +108,7 @@ def retag_queued_runs(instance: dg.DagsterInstance, store: MetadataStore) -> lis
         if r.status != dg.DagsterRunStatus.QUEUED or r.run_id not in infos:
             continue
         info = infos[r.run_id]
-        new = tags_for(catalog, info, load.without(info))
+        new = {PIPELINE_TAG: info.pipeline_id, **tags_for(catalog, info, load.without(info))}
         old_reserve = r.tags.get(RESERVE_TAG, "")
         if old_reserve.startswith("open:") and new[RESERVE_TAG].startswith("open:"):
             new[RESERVE_TAG] = old_reserve  # keep the unique value: nothing changed
