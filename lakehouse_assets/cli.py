@@ -45,7 +45,10 @@ def cmd_run(args) -> int:
     defs = build_definitions(platform, pipelines=[args.pipeline])
     job = pipeline_job(defs, args.pipeline)
     quiet = {} if args.verbose else {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    # the selection named again: a run records only the selection it is given (as a UI run's), which
+    # the run summary sensor and the kill switch read
     result = job.execute_in_process(instance=headless.instance, raise_on_error=False, run_config=quiet,
+                                    asset_selection=sorted(job.asset_layer.selected_asset_keys),
                                     tags={"lakehouse/pipeline": args.pipeline, "lakehouse/launched_by": "cli",
                                           **run_tags()})
     summary = summarize(result.all_events, result.run_id, args.pipeline,

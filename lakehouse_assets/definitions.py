@@ -23,6 +23,7 @@ import gc
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -129,6 +130,23 @@ def pipeline_job(defs: dg.Definitions, pipeline_id: str) -> dg.JobDefinition:
     return defs.resolve_implicit_global_asset_job_def().get_subset(asset_selection=keys)
 
 
+def _run_being_executed() -> dg.DagsterRun | None:
+    """The run this thread is executing, when Dagster loads the run's job.
+
+    A run worker loads its job twice: once by name alone, "early", to fail fast on a broken code
+    location (`dagster._grpc.impl.core_execute_run`), then with the run's asset selection to execute
+    it. Only the second call carries the selection, so the first would build every pipeline. Both
+    run inside the frame holding the run (`dagster_run`), where its selection is read; anywhere
+    else (a code server, the CLI) there is none and the whole graph answers, as before."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        run = frame.f_locals.get("dagster_run")
+        if isinstance(run, dg.DagsterRun):
+            return run
+        frame = frame.f_back
+    return None
+
+
 class LakehouseRepositoryData(dg.RepositoryData):
     """The repository behind `defs`: the whole graph is built on first need, once per process,
     except that a run of the asset job selecting stage assets only (what a run worker asks for
@@ -162,7 +180,13 @@ class LakehouseRepositoryData(dg.RepositoryData):
         """The asset job's run of these stage assets, built from the pipelines owning them alone; None
         when the question is another (another job, no selection, a non-stage asset, the whole graph
         already built)."""
-        if job_name != PIPELINES_JOB or not asset_selection:
+        if job_name != PIPELINES_JOB:
+            return None
+        if not asset_selection and self._full is None:
+            run = _run_being_executed()  # a run worker's early load of the job it is about to subset
+            if run is not None and run.asset_selection:
+                asset_selection, asset_check_selection = run.asset_selection, run.asset_check_selection
+        if not asset_selection:
             return None
         key = (frozenset(asset_selection), frozenset(asset_check_selection) if asset_check_selection is not None
                else None)
@@ -206,10 +230,10 @@ class LakehouseRepositoryData(dg.RepositoryData):
         Listing all jobs is what a code server's snapshot of the repository does (RepositorySnap),
         and after a reload the webserver (twice: its reload and its watcher) and the daemon ask for
         that snapshot at the same moment. Each snapshot needs every job's snapshot id (a hash of
-        the serialized job: most of the snapshot's cost at a thousand pipeline jobs); Dagster caches
+        the serialized job: seconds for the implicit asset job, which holds every asset); Dagster caches
         them per job but not against concurrent callers, so three requests computed them three times
         over, interleaved on the GIL. Here the first computes them and the others wait, then reuse.
-        A run worker asks for its own job by name and does not pay for this."""
+        A run worker asks for its own job and selection and does not pay for this."""
         if self._snapshot_ids_ready:
             return
         with self._snapshot_lock:

@@ -407,6 +407,15 @@ def test_a_runs_build_is_the_job_the_code_location_shows(home, monkeypatch):
     builds = [json.loads(x) for x in trace.read_text().splitlines()]
     assert builds[0]["pipelines"] == ["p1"] and builds[0]["stage_assets"] == 3 and builds[0]["jobs"] == []
     assert repo.get_maybe_subset_job_def(PIPELINES_JOB, asset_selection=p1) is job  # once per process
+    # a run worker first loads its job by name alone (Dagster's early check), inside the frame
+    # holding the run: that load builds p1 alone too, and the run's own load reuses it
+    trace.unlink()
+    worker = lakehouse_repository(platform)
+    dagster_run = dg.DagsterRun(job_name=PIPELINES_JOB, asset_selection=frozenset(p1))
+    early = worker.get_maybe_subset_job_def(PIPELINES_JOB)
+    assert early.asset_layer.selected_asset_keys == p1
+    assert worker.get_maybe_subset_job_def(PIPELINES_JOB, asset_selection=dagster_run.asset_selection) is early
+    assert [json.loads(x)["pipelines"] for x in trace.read_text().splitlines()] == [["p1"]]
     trace.unlink()
     # a selection with a non-stage asset (a maintenance asset) is answered by the whole graph
     mixed = repo.get_maybe_subset_job_def(PIPELINES_JOB, asset_selection={*p1, dg.AssetKey(["maintenance", "bronze"])})

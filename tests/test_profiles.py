@@ -108,8 +108,12 @@ def test_retag_queued_runs_on_a_persistent_instance(tplatform, tmp_path, monkeyp
     # balanced ignores criticality; each run sees the ones queued before it on the same source: FIFO
     assert sorted(PIPES, key=lambda p: -prios[p]) == list(PIPES)
 
+    from_ui = d.submit_pipeline("p_high")  # a UI "Materialize" of p_high's assets: no tags at all
+
     monkeypatch.setenv("DAGSTER_HOME", str(d.home))
     assert cli_main(["profile", "set", "focus"]) == 0  # re-tags at once through the instance
+    ui_tags = instance.get_run_by_id(from_ui).tags  # known by its selection: its pipeline and profile
+    assert ui_tags["lakehouse/pipeline"] == "p_high" and ui_tags[PROFILE_TAG] == "focus" and PRIORITY_TAG in ui_tags
     tags = {p: instance.get_run_by_id(r).tags for p, r in queued.items()}
     order = sorted(PIPES, key=lambda p: -int(tags[p][PRIORITY_TAG]))
     assert order == ["p_crit", "p_high", "p_norm", "p_low"]
