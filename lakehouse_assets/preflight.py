@@ -15,6 +15,7 @@ import threading
 import dagster as dg
 
 from lakehouse.errors import ConfigurationError
+from lakehouse.metadata.assets import stage_paths
 
 _VERDICTS: dict[str, str | None] = {}  # run_id -> None (passed) or the error text
 _LOCK = threading.Lock()
@@ -22,13 +23,10 @@ FAILURE_PREFIX = "configuration:"
 
 
 def selected_stages(context: dg.OpExecutionContext, catalog) -> list[tuple[str, str]]:
+    """(pipeline, stage) of the run's selected stage assets, in metadata order (one pass: a search of
+    the targets per stage cost seconds at 1,000 pipelines)."""
     keys = {tuple(k.path) for k in context.job_def.asset_layer.selected_asset_keys}
-    out = []
-    for st in catalog.stages:
-        tgt = next((t for t in catalog.targets if t.target_id == st.target_id), None)
-        if tgt is not None and (st.layer, tgt.table) in keys:
-            out.append((st.pipeline_id, st.stage_name))
-    return out
+    return [stage for path, stage in stage_paths(catalog).items() if path in keys]
 
 
 def preflight(context: dg.OpExecutionContext, platform) -> None:
