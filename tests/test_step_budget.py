@@ -55,12 +55,12 @@ def platform(tmp_path, monkeypatch) -> Platform:
 
 
 def run(platform: Platform, tmp_path, retry_policy: int | None, rule_attempts: int | None):
-    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.definitions import build_definitions, pipeline_job
 
     f = tmp_path / "sb.yaml"
     f.write_text(pipeline_yaml(retry_policy, rule_attempts))
     platform.store.apply(load_metadata(f))
-    job = build_definitions(platform).resolve_job_def("sb_job")
+    job = pipeline_job(build_definitions(platform), "sb")
     result = job.execute_in_process(instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
     assert not result.success
     return result
