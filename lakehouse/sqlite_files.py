@@ -12,6 +12,7 @@ import os
 import sqlite3
 from pathlib import Path
 
+from lakehouse import errors, retry
 from lakehouse.fileperms import apply_umask, file_mode
 
 BUSY_TIMEOUT_S = 30
@@ -36,9 +37,18 @@ def prepare_sqlite(url: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists():
         os.close(os.open(path, os.O_CREAT | os.O_WRONLY, file_mode()))
+    retry.call(retry.CREATE_RACE, lambda: _to_wal(path), what=f"switching {path.name} to WAL",
+               also=lambda exc: errors.classify(exc).code == errors.DATABASE_BUSY)
+    _DONE.add(path)
+
+
+def _to_wal(path: Path) -> None:
+    """Switching needs an exclusive lock, and SQLite answers `database is locked` at once (no busy
+    wait) when processes set up one fresh home together; reading the mode first needs no lock, so
+    only the first process of a home ever switches."""
     conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S)
     try:
-        conn.execute("PRAGMA journal_mode=WAL")
+        if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            conn.execute("PRAGMA journal_mode=WAL")
     finally:
         conn.close()
-    _DONE.add(path)

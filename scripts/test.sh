@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up from nothing, lint, and run the whole test suite (the services it needs are started by the tests):
-# the fast lane first (no Spark, no services: fails fast, its time printed), then the slow lane.
+# the fast lane first (no Spark, no services: fails fast, its time printed), then the slow lane in two
+# pytest-xdist workers, one test module each at a time (most of a slow test waits on subprocesses,
+# databases and daemons; each worker has its own session-scoped SparkSession and services).
 # With arguments, runs pytest with them instead (e.g. one module).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,4 +14,4 @@ fi
 start=$(date +%s)
 .venv/bin/python -m pytest -m "not slow"
 echo "fast lane (pytest -m 'not slow'): $(( $(date +%s) - start )) s"
-exec .venv/bin/python -m pytest -m slow --durations=25
+exec .venv/bin/python -m pytest -m slow -n 2 --dist loadfile --durations=25
