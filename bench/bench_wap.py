@@ -6,7 +6,7 @@
 One process, one SparkSession, the same parquet input for both sides, fresh tables per round,
 sides alternated so neither always runs on a warmer JVM:
   * direct: read the files, append to an Iceberg table's main (what a hand-written job does);
-  * wap:    `StageRunner.write_audit_publish` on the same frame: audit branch, the rule set
+  * wap:    the write-audit-publish service (`lakehouse.wap_service`) on the same frame: audit branch, the rule set
             below evaluated for the new rows, check history rows, kill-switch re-check,
             fast-forward publish, branch dropped.
 Prints each timing and the median ratio wap / direct (goal <= 1.15) per rule set (`--configs`):
@@ -84,8 +84,9 @@ def _instrument() -> dict[str, list[float]]:
     """Time the phases of the audit path (write to branch, audit, history, publish)."""
     from collections import defaultdict
 
-    from lakehouse.runner import StageRunner
+    from lakehouse import wap_service
     from lakehouse.validation.wap import AuditedWrite
+    from lakehouse.wap_service import WriteAuditPublish
 
     phases: dict[str, list[float]] = defaultdict(list)
 
@@ -105,8 +106,8 @@ def _instrument() -> dict[str, list[float]]:
     timed(AuditedWrite, "write", "write_branch")
     timed(AuditedWrite, "audit", "audit")
     timed(AuditedWrite, "publish", "publish")
-    timed(StageRunner, "_record_checks", "history")
-    timed(StageRunner, "require_enabled", "kill_switch")
+    timed(WriteAuditPublish, "record_checks", "history")
+    timed(wap_service, "require_enabled", "kill_switch")
     return phases
 
 
@@ -161,7 +162,7 @@ def main() -> None:
         fresh("bench.events_wap")
         t0 = time.monotonic()
         runner = StageRunner(platform, "bench_wap", "load", run_id=f"bench_{i}_{time.time_ns()}")
-        out = runner.write_audit_publish([Batch(spark.read.parquet(str(data)), label="bench")])
+        out = runner.wap().run([Batch(spark.read.parquet(str(data)), label="bench")])
         assert out.published and out.rows_written == args.rows, out
         sources.update({c.rule.name: c.details.get("counted_from", "-") for c in out.checks})
         return time.monotonic() - t0

@@ -31,6 +31,8 @@ log = logging.getLogger("lakehouse.runner")
 
 #: the plan kind of a stage that reads Iceberg tables through its SQL (or has no source)
 SQL = "sql"
+#: the plan kind of a stage computed by a Python function (lakehouse.sources.python)
+PYTHON = "python"
 #: the plan kind of an extract that a source/target kill switch skipped
 SKIPPED = "skipped"
 
@@ -213,6 +215,27 @@ class StageContext:
         self.stage: Stage = self.catalog.stage(pipeline_id, stage_name)
         self.pipeline: Pipeline = self.catalog.pipeline(pipeline_id)
         self.target: Target = self.catalog.target(self.stage.target_id)
+        self._init_state(run_tags)
+
+    @classmethod
+    def for_write(cls, platform: Platform, stage: Stage, target: Target, run_id: str | None = None,
+                  logger: logging.Logger | None = None, *, catalog: MetadataCatalog | None = None) -> StageContext:
+        """A context for a write no metadata stage describes (an entity_raw load): the caller names
+        the stage (source, rule set) and the target it writes as. Its kill switch is the platform's
+        flag and its datasets' flags (no pipeline row to read)."""
+        ctx = cls.__new__(cls)
+        ctx.platform = platform
+        ctx.run_id = run_id or uuid.uuid4().hex
+        ctx.log = logger or log
+        ctx.catalog = catalog if catalog is not None else platform.catalog()
+        ctx.stage, ctx.target = stage, target
+        ctx.pipeline = Pipeline(pipeline_id=stage.pipeline_id)
+        ctx._init_state(None)
+        ctx.described_by_metadata = False
+        return ctx
+
+    def _init_state(self, run_tags: dict[str, str] | None) -> None:
+        self.described_by_metadata = True  # its pipeline and stage rows exist (their flags apply)
         self.run_tags: dict[str, str] = dict(run_tags or {})  # e.g. the arrival sensor's lakehouse/arrival_batch
         self.source_override: str | None = None  # set by a lineage reroute (lakehouse.lineage.recovery)
         self.table_overrides: dict[str, str] = {}  # SQL upstream -> replica (recovery.sql_table_overrides)
@@ -222,6 +245,9 @@ class StageContext:
         self.current_batch: Batch | None = None  # the batch being written when an error happened
         self.adapter_for: Callable[[str], Any] | None = None  # lakehouse.sources.adapter_for
         self.reroute: Callable[[BaseException], Any] | None = None
+        # upstream tables handed in as asset inputs (the Dagster IO manager loads them at the run's
+        # pinned snapshots, lakehouse.pins): a SQL or Python stage reads these instead of reading again
+        self.upstream_frames: dict[str, DataFrame] = {}
 
     @property
     def source(self) -> Source | None:
@@ -235,6 +261,8 @@ class StageContext:
     @property
     def source_kind(self) -> str:
         """The adapter kind this step reads with: a source's kind, or `sql` for a transformation."""
+        if self.stage.python_transformation is not None:
+            return PYTHON
         src = self.source
         return SQL if src is None or self.stage.transformation else src.kind
 

@@ -25,21 +25,23 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from lakehouse.control import faults
-from lakehouse.iceberg import branch_name_for_run, quote, sql_string
+from lakehouse.core import Batch, DatasetDisabled, StageContext
+from lakehouse.iceberg import IcebergTables, quote, sql_string
 from lakehouse.ingest.arrivals import requested_files
 from lakehouse.ingest.checkpoints import Checkpoints
 from lakehouse.ingest.files import CHECKPOINT_PROPERTY, EMPTY, PROCESSED, QUARANTINED, FileRef
 from lakehouse.ingest.probe import probe_file
 from lakehouse.ingest.s3 import ARRIVAL_TAG
-from lakehouse.metadata.model import FileLimits
+from lakehouse.metadata.model import FileLimits, Stage, Target
 from lakehouse.sources import adapter_for
+from lakehouse.wap_service import WriteAuditPublish, require_enabled
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -119,6 +121,8 @@ class LoadResult:
     typenames: list[str] = field(default_factory=list)
     duration_s: float = 0.0
     records_quarantined: int = 0  # raw_record over the application's max_record_bytes
+    skipped_reason: str | None = None  # a source/target kill switch stopped the load: nothing published
+    checks: list = field(default_factory=list)  # the rules' outcomes (lakehouse.validation.rules.CheckOutcome)
 
     def metadata(self) -> dict[str, Any]:
         md: dict[str, Any] = {"table": self.table, "mode": self.mode, "files_loaded": self.files_loaded,
@@ -130,6 +134,8 @@ class LoadResult:
             md["quarantined_file_errors"] = str(self.quarantined[:20])
         if self.empty_files:
             md["empty_files"] = self.empty_files
+        if self.skipped_reason:
+            md["skipped_reason"] = self.skipped_reason
         if self.records_quarantined:
             md["records_quarantined"] = self.records_quarantined
             md["records_quarantined_in"] = self.table + "__quarantine"
@@ -407,14 +413,16 @@ def load(platform: Platform, request: LoadRequest | dict, run_id: str | None = N
         try:
             df, result.records_quarantined = entity_raw_cap.apply_cap(platform, ident, cached, good,
                                                                       app.max_record_bytes, run_id)
-            superseded = _commit(platform, ident, df, request, groups, checked, ck, run_id, result, since)
+            superseded = _commit(platform, write_context(platform, app, run_id, catalog), df, request, groups,
+                                 checked, ck, result, since)
         finally:
             cached.unpersist()
         if superseded is not None:  # another run loaded some of these files first: load only the rest
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
             return _load_rest(platform, request, run_id, ident, superseded, result)
-        result.files_loaded = len(good)
+        if result.skipped_reason is None:
+            result.files_loaded = len(good)
     cp.sync(tables)
     if staging is not None:
         shutil.rmtree(staging, ignore_errors=True)
@@ -444,53 +452,59 @@ def _load_rest(platform: Platform, request: LoadRequest, run_id: str, ident: str
     return rest
 
 
-def _commit(platform: Platform, ident: str, df: DataFrame, request: LoadRequest, groups: dict,
-            checked: list[FileRef], ck: dict[str, str], run_id: str, result: LoadResult, since: int | None = None):
-    """One commit on the run's branch, published exactly once (lakehouse.publish). Returns the
-    PublishResult when nothing was published (input already on main, or main moved under an UPSERT)."""
+def write_context(platform: Platform, app: Application, run_id: str, catalog: MetadataCatalog | None = None
+                  ) -> StageContext:
+    """The write-audit-publish context of a load into entity_raw.<app>: the application's source
+    and rule set (`validation_set_id`), its table as the target (append; UPSERT replaces on the branch)."""
+    ident = table_identifier(app.application_id)
+    stage = Stage(pipeline_id=NAMESPACE, stage_order=1, stage_name=app.application_id.lower(), layer="entity_raw",
+                  source_id=app.source_id, target_id=ident, validation_set_id=app.validation_set_id)
+    target = Target(target_id=ident, namespace=NAMESPACE, table=app.application_id.lower(), write_mode="append")
+    ctx = StageContext.for_write(platform, stage, target, run_id, log, catalog=catalog)
+    ctx.adapter_for = adapter_for
+    return ctx
+
+
+def _upsert_delete(ident: str, request: LoadRequest, groups: dict) -> Callable[[IcebergTables, str], None]:
+    """UPSERT: on the audit branch, before the new rows, delete the tenant's rows of every
+    (connection_qualified_name, typename) the load contains; both reach main in one publish."""
+    pairs = sorted({(g[3], g[0]) for g in groups})
+    cond = " OR ".join(
+        f"({quote('connection_qualified_name')} = {sql_string(c)} AND {quote('typename')} = {sql_string(t)})"
+        for c, t in pairs)
+
+    def delete(tables: IcebergTables, branch: str) -> None:
+        tables.spark.sql(f"DELETE FROM {tables.qualified(ident, branch)} "
+                         f"WHERE {quote('tenant_id')} = {sql_string(request.tenant_id)} AND ({cond})")
+    return delete
+
+
+def _commit(platform: Platform, ctx: StageContext, df: DataFrame, request: LoadRequest, groups: dict,
+            checked: list[FileRef], ck: dict[str, str], result: LoadResult, since: int | None = None):
+    """One commit on the run's branch through the write-audit-publish service (rules, kill switch,
+    healing, throttle, exactly-once publish). Returns the PublishResult when nothing was published
+    (input already on main, or main moved under an UPSERT)."""
     import json
 
     from lakehouse import coordination
-    from lakehouse.branches import drop_branch_and_commits
-    from lakehouse.publish import publish_branch
+    from lakehouse.publish import Superseded
 
-    tables = platform.tables()
-    branch = branch_name_for_run(run_id)
-    coordination.hold_lease(platform, run_id, ident)
-    from lakehouse.branches import tidy_before_write
-
-    tidy_before_write(platform, tables, platform.catalog(), ident, run_id)  # what dead loads left behind
-    if branch in tables.refs(ident):  # a retry of this load: start over
-        drop_branch_and_commits(tables, ident, branch)
-    from lakehouse.iceberg import retry_metadata_commit
-
-    retry_metadata_commit(tables, ident, lambda: tables.create_branch(ident, branch))
-    if request.mode == "UPSERT":
-        pairs = sorted({(g[3], g[0]) for g in groups})
-        cond = " OR ".join(
-            f"({quote('connection_qualified_name')} = {sql_string(c)} AND {quote('typename')} = {sql_string(t)})"
-            for c, t in pairs)
-        platform.spark().sql(f"DELETE FROM {tables.qualified(ident, branch)} "
-                             f"WHERE {quote('tenant_id')} = {sql_string(request.tenant_id)} AND ({cond})")
+    ident, run_id = ctx.target.identifier, ctx.run_id
+    wap = WriteAuditPublish(ctx, prepare_branch=_upsert_delete(ident, request, groups) if request.mode == "UPSERT" else None)
     props = {CHECKPOINT_PROPERTY: json.dumps([{**f.as_checkpoint(), "key": ck[f.key]} for f in checked],
                                              separators=(",", ":")),
              "lakehouse.run_id": run_id, "lakehouse.tenant_id": request.tenant_id, "lakehouse.mode": request.mode}
-    writer = df.writeTo(tables.qualified(ident, branch))
-    for k, v in props.items():
-        writer = writer.option(f"snapshot-property.{k}", v)
-    writer.append()
-    faults.inject("entity_raw_after_branch_commit")
-    head = tables.snapshot_id(ident, branch)
-    summary = tables.snapshot_summary(ident, head) if head is not None else {}
-    result.rows_written = int(summary.get("added-records", 0))
     try:
-        with coordination.publish_lock(platform, ident):
-            res = publish_branch(tables, ident, branch, since=since, run_id=run_id,
-                                 can_rebase=request.mode == "APPEND")
-        if not res.published:
-            drop_branch_and_commits(tables, ident, branch)
-            return res
-        result.snapshot_id = res.snapshot_id
+        require_enabled(ctx, "before load")
+        wap.tidy_branches(platform.tables())  # what dead loads left behind
+        wap.drop_own_branches()  # a retry of this load: start over
+        outcome = wap.run([Batch(df, props, label=f"{request.mode.lower()} {len(checked)} file(s)")], since=since)
+        result.rows_written, result.snapshot_id, result.checks = outcome.rows_written, outcome.snapshot_id, outcome.checks
+    except Superseded as sup:
+        wap.drop_own_branches()
+        return sup.result
+    except DatasetDisabled as exc:  # switched off (before or during the load): nothing reaches main
+        result.skipped_reason = wap.skip_disabled(str(exc)).skipped_reason
     finally:
         coordination.release_lease(platform, run_id, ident)
     return None

@@ -20,6 +20,7 @@ from lakehouse.validation.quarantine import (
     resolve_dataset,
 )
 from lakehouse.validation.rules import FAILED_RULES_COLUMN, acting_rules, tag_failures
+from lakehouse.wap_service import require_enabled
 
 
 def replay(platform: Platform, dataset: str, run_id: str | None = None, logger: logging.Logger | None = None
@@ -62,13 +63,11 @@ def replay(platform: Platform, dataset: str, run_id: str | None = None, logger: 
         if not ids:
             return result
         rows = ok.select(*[F.col(quote(c)) for c in data_cols])
-        runner.require_enabled("before quarantine replay")
+        require_enabled(runner, "before quarantine replay")
         runner.audit("quarantine_replay_started", details={"rows": len(ids)})
-        outcome = runner.write_audit_publish(
+        outcome = runner.wap(quarantine=False).run(
             [Batch(rows, {"lakehouse.run_id": run_id, "lakehouse.replay_of": quarantine_identifier(target.identifier)},
-                   label="quarantine replay")],
-            quarantine=False,
-        )
+                   label="quarantine replay")])
         result.replayed = outcome.rows_written
         result.snapshot_id = outcome.snapshot_id
         result.published = outcome.published
@@ -77,5 +76,5 @@ def replay(platform: Platform, dataset: str, run_id: str | None = None, logger: 
                      details={"replayed": result.replayed, "still_failing": result.still_failing})
     finally:
         retagged.unpersist()
-        coordination.release_lease(platform, run_id, target.identifier)  # taken by write_audit_publish
+        coordination.release_lease(platform, run_id, target.identifier)  # taken by the write-audit-publish service
     return result

@@ -35,7 +35,7 @@ from lakehouse.metadata.derived import read_structure
 from lakehouse.runner import Platform
 from lakehouse_assets.dashboard import dashboard_definitions
 from lakehouse_assets.entity_raw_assets import entity_raw_definitions
-from lakehouse_assets.factory import PIPELINES_JOB, Graph, build_source_specs, build_stage_assets
+from lakehouse_assets.factory import PIPELINES_JOB, Graph, build_source_specs, build_stage_assets, upstream_specs
 from lakehouse_assets.maintenance_assets import maintenance_definitions
 from lakehouse_assets.run_summary import build_run_summary_sensor
 from resources import IcebergIOManager, LakehouseResource, spark_resource
@@ -47,10 +47,11 @@ REPOSITORY_NAME = "__repository__"  # the name dg.Definitions gives its reposito
 
 
 def _resources() -> dict:
-    """Settings reach Dagster through `lakehouse` alone; the IO manager and Spark are built from it."""
+    """Settings reach Dagster through `lakehouse` alone; Spark and the IO manager are built from it."""
     lakehouse = LakehouseResource.from_settings()
-    return {"lakehouse": lakehouse, "iceberg_io_manager": IcebergIOManager(lakehouse=lakehouse),
-            "pyspark": spark_resource(lakehouse.settings())}
+    pyspark = spark_resource(lakehouse)
+    return {"lakehouse": lakehouse, "pyspark": pyspark,
+            "iceberg_io_manager": IcebergIOManager(lakehouse=lakehouse, pyspark=pyspark)}
 
 
 @contextlib.contextmanager
@@ -107,7 +108,8 @@ def _build(platform: Platform, pipelines: Iterable[str] | None) -> dg.Definition
     common = {"resources": _resources(), "executor": dg.in_process_executor}
     mine = [a for assets in build_stage_assets(g, wanted).values() for a in assets]
     if wanted is not None:
-        return dg.Definitions(assets=mine, **common)
+        # other pipelines' tables these stages read: loaded through the IO manager, not built
+        return dg.Definitions(assets=[*mine, *upstream_specs(g, mine)], **common)
     catalog = structure.catalog
     dashboard = dashboard_definitions()
     raw = entity_raw_definitions(catalog)

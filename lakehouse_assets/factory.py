@@ -29,11 +29,11 @@ from lakehouse.metadata.assets import pipeline_paths
 from lakehouse.metadata.derive import StageDerivation
 from lakehouse.metadata.derived import Structure
 from lakehouse.metadata.model import MetadataCatalog, Stage
-from lakehouse.runner import AuditFailed, StageDisabled, StageRunner
+from lakehouse.runner import StageDisabled, StageRunner
 from lakehouse.throughput.profiles import op_priority
 from lakehouse.validation import CheckOutcome
 from lakehouse_assets.preflight import preflight
-from resources.io_manager import PublishedTable
+from resources.io_manager import StageWrite
 
 KINDS_BY_SOURCE = {"files": "file", "s3": "s3", "jdbc": "postgres", "iceberg": "iceberg"}
 STAGE_KINDS = ("spark", "iceberg")
@@ -71,20 +71,24 @@ class Graph:
         return self.producer.get(t.target_id) if t is not None else None
 
     def deps(self, stage: Stage) -> list[dg.AssetKey]:
-        """Asset deps of a stage: the stages producing the tables its SQL reads, and/or its source_id."""
-        keys: list[dg.AssetKey] = []
-        if stage.transformation:
+        """Asset deps of a stage: the stages producing the tables its SQL or Python reads, and/or its source_id."""
+        return list(self.upstream(stage))
+
+    def upstream(self, stage: Stage) -> dict[dg.AssetKey, str | None]:
+        """{asset key: the lake table it is (None: an external source)} of the stage's deps, in order."""
+        keys: dict[dg.AssetKey, str | None] = {}
+        if stage.transformation or stage.python_transformation is not None:
             for ident in self.derived(stage).upstream_tables:
                 up = self.producer_of(ident)
                 if up is not None:
-                    keys.append(self.key(up))
+                    keys.setdefault(self.key(up), self.targets[up.target_id].identifier.lower())
         if stage.source_id:
             up = self.producer.get(stage.source_id)
             if up is not None:
-                keys.append(self.key(up))
+                keys.setdefault(self.key(up), self.targets[up.target_id].identifier.lower())
             elif stage.source_id in self.sources:
-                keys.append(source_asset_key(stage.source_id))
-        return list(dict.fromkeys(keys))
+                keys.setdefault(source_asset_key(stage.source_id), None)
+        return keys
 
     def column_lineage(self, stage: Stage) -> dict:
         """`dagster/column_lineage` (the UI's column view) from the stored lineage of the stage's SQL."""
@@ -135,6 +139,7 @@ class _Step:
     stage_name: str
     target_identifier: str
     spec_names: frozenset[str]
+    input_tables: tuple[tuple[str, str], ...] = ()  # (load op input, lake table) of upstream stages' tables
 
     def runner(self, context: dg.OpExecutionContext) -> StageRunner:
         platform = context.resources.lakehouse.platform()
@@ -173,15 +178,26 @@ class _Extract:
 
 
 class _Load:
+    """The load op's body: hand the stage's input to the IO manager, then report its rules.
+
+    The upstream tables arrive as inputs (the IO manager loaded them at the run's pinned
+    snapshots) and are given to the stage's SQL or Python. The write itself happens in
+    `IcebergIOManager.handle_output`, synchronously while this generator waits at its `yield
+    Output` (Dagster stores an output before it resumes the op); the asset check results must come
+    from the op, so they are yielded after it, from what the write recorded on the `StageWrite`."""
+
     def __init__(self, step: _Step):
         self.step = step
 
     def __call__(self, context, inputs) -> Iterator:
         step, key = self.step, self.step.key
         runner = step.runner(context)  # the check is cached: a re-executed load checks too
-        try:
-            outcome = runner.load(inputs["plan"])
-        except AuditFailed as exc:
+        runner.upstream_frames = {ident: inputs[name] for name, ident in step.input_tables}
+        write = StageWrite(runner, inputs["plan"],
+                           retry=lambda exc: step.retry(runner, context, exc, "load"))
+        yield dg.Output(write, "result")  # the IO manager writes, audits and publishes it here
+        if write.audit_failed is not None:
+            exc = write.audit_failed
             for o in exc.outcomes:
                 if o.rule.name in step.spec_names:
                     yield check_result(key, o)
@@ -189,16 +205,8 @@ class _Load:
                 "dataset": step.target_identifier, "stage": f"{step.pipeline_id}.{step.stage_name}",
                 "audit_branch": exc.branch,
                 "failed_rules": ", ".join(o.rule.name for o in exc.outcomes if o.blocking_failure),
-                "next_step": f"lakehouse branches show {step.target_identifier} {exc.branch}"}) from exc
-        except StageDisabled as exc:
-            raise dg.Failure(description=str(exc)) from exc
-        except Exception as exc:
-            retry = step.retry(runner, context, exc, "load")
-            if retry is None:
-                raise
-            raise retry from exc
-        yield dg.Output(PublishedTable(step.target_identifier, outcome.snapshot_id), "result",
-                        metadata=outcome.metadata())
+                "next_step": f"lakehouse branches show {step.target_identifier} {exc.branch}"})
+        outcome = write.outcome
         reported = set()
         for o in outcome.checks:
             if o.rule.name in step.spec_names:
@@ -216,16 +224,21 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
     pipeline = g.pipelines[stage.pipeline_id]
     source = g.sources.get(stage.source_id or "")
     derived = g.derived(stage)
-    deps = g.deps(stage)
+    upstream = g.upstream(stage)
+    deps = list(upstream)
     base = key.to_python_identifier()
     specs = [dg.AssetCheckSpec(name=c["name"], asset=key, description=c["description"], blocking=c["blocking"],
                                metadata=c["metadata"]) for c in derived.check_specs]
-    step = _Step(key, stage.pipeline_id, stage.stage_name, target.identifier, frozenset(s.name for s in specs))
+    input_names = [f"up_{i}" for i in range(len(deps))]
+    # upstream stages' tables are real inputs of the load op (loaded by the IO manager); every dep,
+    # external sources included, orders the extract (Nothing: it pins, it reads nothing through Dagster)
+    tables_in = tuple((n, ident) for n, ident in zip(input_names, upstream.values(), strict=True) if ident)
+    step = _Step(key, stage.pipeline_id, stage.stage_name, target.identifier, frozenset(s.name for s in specs),
+                 tables_in)
     op_tags = {"lakehouse/pipeline": stage.pipeline_id, "lakehouse/stage": stage.stage_name,
                # added to the run's (profile-driven) priority when a step claims a pool slot
                "dagster/priority": str(op_priority(pipeline.criticality))}
     source_pool = f"source:{source.source_id}" if source is not None and not stage.transformation else None
-    input_names = [f"up_{i}" for i in range(len(deps))]
     check_outs = [s.get_python_identifier() for s in specs]  # `<asset>_<check>`, as @graph_asset names them
 
     extract = dg.OpDefinition(
@@ -235,18 +248,18 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
         compute_fn=_Extract(step),
         pool=source_pool,
         tags=op_tags,
-        required_resource_keys={"lakehouse"},
+        required_resource_keys={"lakehouse", "pyspark"},
         description=f"Plan the input of {key.to_user_string()} (source-side I/O, in pool {source_pool or 'none'}).",
     )
     load = dg.OpDefinition(
         name=f"{base}__load",
-        ins={"plan": dg.In()},
+        ins={"plan": dg.In(), **{n: dg.In() for n, _ in tables_in}},
         outs={"result": dg.Out(io_manager_key="iceberg_io_manager"),
               **{n: dg.Out(is_required=False) for n in check_outs}},
         compute_fn=_Load(step),
         pool=f"target:{target.target_id}",
         tags=op_tags,
-        required_resource_keys={"lakehouse"},
+        required_resource_keys={"lakehouse", "pyspark"},
         description=f"Write {target.identifier} on an audit branch, validate, publish to main.",
     )
     description = ((stage.description or target.description or f"{stage.layer} table {target.identifier}")
@@ -258,7 +271,9 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
         node_defs=[extract, load],
         dependencies={load.name: {"plan": dg.DependencyDefinition(extract.name, "result")}},
         input_mappings=[dg.InputMapping(graph_input_name=n, mapped_node_name=extract.name, mapped_node_input_name=n)
-                        for n in input_names],
+                        for n in input_names]
+        + [dg.InputMapping(graph_input_name=n, mapped_node_name=load.name, mapped_node_input_name=n)
+           for n, _ in tables_in],
         output_mappings=[dg.OutputMapping(graph_output_name=n, mapped_node_name=load.name, mapped_node_output_name=n)
                          for n in ("result", *check_outs)],
     )
@@ -269,6 +284,8 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
         "write_mode": target.write_mode,
         **({"transformation": dg.MetadataValue.md(f"```sql\n{stage.transformation.strip()}\n```")}
            if stage.transformation else {}),
+        **({"transformation": f"python: {stage.python_transformation.function}"}
+           if stage.python_transformation is not None else {}),
         **({"column_lineage_note": derived.lineage_note} if derived.lineage_note else {}),
         **g.column_lineage(stage),
     }
@@ -339,3 +356,11 @@ PIPELINES_JOB = "__ASSET_JOB"
 def pipeline_selection(catalog: MetadataCatalog, pipeline_id: str) -> list[dg.AssetKey]:
     """The asset keys a run of the pipeline selects: its stages, in stage order."""
     return [dg.AssetKey(list(p)) for p in pipeline_paths(catalog, pipeline_id)]
+
+
+def upstream_specs(g: Graph, assets: list[dg.AssetsDefinition]) -> list[dg.AssetSpec]:
+    """The upstream stage tables `assets` read as inputs but do not produce (another pipeline's,
+    in a build of some pipelines only): external specs the IO manager loads them through."""
+    produced = {k for a in assets for k in a.keys}
+    wanted = {k for a in assets for k in a.dependency_keys if k not in produced and k.path[0] != "sources"}
+    return [dg.AssetSpec(k).with_io_manager_key("iceberg_io_manager") for k in sorted(wanted, key=str)]

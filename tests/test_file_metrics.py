@@ -205,7 +205,7 @@ def test_audit_path_answers_from_statistics_and_observes_only_the_rest(platform,
 
     wap.AuditedWrite._observed_keys = spy
     try:
-        out = StageRunner(platform, "stats", "load", run_id=f"stats_{unique_ns}").write_audit_publish(
+        out = StageRunner(platform, "stats", "load", run_id=f"stats_{unique_ns}").wap().run(
             [Batch(_events(spark, rows), label=f"b{i}") for i, rows in enumerate(batches)])
     finally:
         wap.AuditedWrite._observed_keys = real_observe
@@ -257,7 +257,7 @@ def test_unreadable_statistics_fall_back_to_the_rows(platform, tmp_path, unique_
     now = dt.datetime.now(dt.UTC)
     rows = [("e1", 10.0, "a", now), (None, 500.0, "b", now), ("e3", None, "a", now)]
     with caplog.at_level("WARNING", logger="lakehouse.validation.wap"):
-        out = StageRunner(platform, "stats", "load", run_id=f"nostats_{unique_ns}").write_audit_publish(
+        out = StageRunner(platform, "stats", "load", run_id=f"nostats_{unique_ns}").wap().run(
             [Batch(_events(platform.spark(), rows), label="b")])
     got = {c.rule.name: (c.passed, c.failed_rows, c.total_rows, c.details["counted_from"]) for c in out.checks}
     assert got == {"not_empty": (True, 0, 3, "rows"), "id_present": (False, 1, 3, "rows"),

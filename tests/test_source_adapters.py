@@ -11,7 +11,7 @@ import pytest
 from dagster_aws.s3 import S3Resource
 
 from lakehouse import coordination
-from lakehouse.core import SQL, ExtractPlan, FileRef, StageContext
+from lakehouse.core import PYTHON, SQL, ExtractPlan, FileRef, StageContext
 from lakehouse.ingest.paths import PathEscape
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.model import Source
@@ -58,7 +58,7 @@ def _plan(ctx: StageContext) -> ExtractPlan:
 def test_every_source_kind_of_the_metadata_model_has_an_adapter():
     model_kinds = set(typing.get_args(Source.model_fields["kind"].annotation))
     assert model_kinds == {"files", "s3", "jdbc", "iceberg"}  # a new kind in the model needs an adapter here
-    assert set(kinds()) == model_kinds | {SQL, "entity_raw"}
+    assert set(kinds()) == model_kinds | {SQL, PYTHON, "entity_raw"}
     for kind in kinds():
         adapter = adapter_for(kind)
         assert isinstance(adapter, SourceAdapter) and adapter.kind == kind

@@ -87,7 +87,7 @@ def test_two_concurrent_runs_both_publish_without_losing_rows(platform, tmp_path
     def work(run_id, chunks):
         try:
             runner = StageRunner(platform, "orders_etl", "ingest", run_id)
-            outcomes[run_id] = runner.write_audit_publish(batches(chunks))
+            outcomes[run_id] = runner.wap().run(batches(chunks))
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(f"{run_id}: {exc}"[:3000])
             written.abort()

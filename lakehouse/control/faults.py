@@ -20,7 +20,7 @@ Injected errors are the platform's own classes (`SourceUnavailable`, `TransientI
 healed and retried like the real one.
 
 Process faults at named points (`before_batch`, `after_branch_commit`, `before_publish`,
-`between_publishes`, `after_publish`, `download`, `entity_raw_after_branch_commit`, ...):
+`between_publishes`, `after_publish`, `download`, ...):
 
 * `LAKEHOUSE_CRASH_AT=<point>` (or `<point>@<stage_name>`: there in that stage only, for points
   given the stage) stops the process there: with `LAKEHOUSE_CRASH_MARKER=<file>` it

@@ -27,6 +27,7 @@ from lakehouse.metadata.derive import (
     stage_upstreams,
 )
 from lakehouse.metadata.model import MetadataCatalog, Rule, Source, Stage, Target
+from lakehouse.metadata.python_ref import reference_problem
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,11 @@ def check_stages(catalog: MetadataCatalog, locate: Locate, sql_file: SqlFile, *,
                 msg = (f"cannot parse SQL{pos}: {exc.reason}" if str(exc).startswith("cannot parse")
                        else f"the stage's SQL {exc}")
                 add(sql_location(locate, sql_file, stage, exc.line, exc.col), msg)
+        if stage.python_transformation is not None:
+            problem = reference_problem(stage.python_transformation.function)
+            if problem:
+                add(f"{locate('stages', stage.key())}.transformation.python",
+                    f"python transformation of stage {stage.pipeline_id}.{stage.stage_name}: {problem}")
         target = targets.get(stage.target_id)
         sc = derived.get(stage.target_id)
         if sc is not None and sc.sql_error:

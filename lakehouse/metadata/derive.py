@@ -95,6 +95,8 @@ def stage_upstreams(catalog: MetadataCatalog, stage: Stage) -> list[str]:
     """Identifiers (db.table, lower case) of the tables a stage reads; [] when it reads a source."""
     from lakehouse.sqlparse import SqlParseError, shared_query, tables_in_tree
 
+    if stage.python_transformation is not None:
+        return [i.lower() for i in stage.python_transformation.inputs]
     if stage.transformation:
         try:
             return tables_in_tree(shared_query(stage.transformation))
@@ -168,6 +170,9 @@ def derive_columns(catalog: MetadataCatalog, live: LiveSchemas | None = None,
 
 def _input_columns(catalog: MetadataCatalog, stage: Stage, table) -> StageColumns:
     tid = stage.target_id
+    if stage.python_transformation is not None:
+        return _unknown(tid, f"python transformation {stage.python_transformation.function}: its output columns "
+                             "are known only once it has run")
     if stage.transformation:
         return sql_columns(tid, stage.transformation, table)
     src = _source(catalog, stage.source_id)
@@ -383,6 +388,9 @@ def stage_check_specs(catalog: MetadataCatalog, stage: Stage) -> list[dict[str, 
 def stage_column_lineage(stage: Stage) -> tuple[dict[str, list[list[str]]], str | None]:
     """({output column: [[table, column], ...]}, note) from the stage's SQL; the note says what is
     missing (a star without known columns, SQL sqlglot cannot read) instead of leaving it out silently."""
+    if stage.python_transformation is not None:
+        return {}, (f"column lineage unknown until run: python transformation {stage.python_transformation.function} "
+                    f"reads {', '.join(stage.python_transformation.inputs) or 'no tables'}")
     if not stage.transformation:
         return {}, None
     from lakehouse.lineage.columns import column_lineage

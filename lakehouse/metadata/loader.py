@@ -290,6 +290,15 @@ def check_references(loaded: LoadedMetadata, live=None, baseline=None) -> None:
                         upstream.append(t.target_id)
             except SqlParseError:
                 pass  # reported with its line by the static checks below
+        if st.python_transformation is not None:
+            for i, ident in enumerate(st.python_transformation.inputs):
+                t = c.target_by_identifier(ident)
+                if t is None:
+                    problems.append(f"{where}.python_transformation.inputs[{i}]: table {ident!r} is not the target "
+                                    "of any stage; a Python transformation reads lake tables only: known tables "
+                                    f"{sorted(x.identifier for x in c.targets if x.kind == 'iceberg')}")
+                else:
+                    upstream.append(t.target_id)
         for u in upstream:
             graph.add_edge(u, st.target_id)
     asset_keys: dict[tuple[str, str], Any] = {}  # the Dagster asset key is [layer, table]
@@ -338,6 +347,7 @@ def check_references(loaded: LoadedMetadata, live=None, baseline=None) -> None:
     for a in c.applications:
         if a.source_id is not None:
             need("source", a.source_id, "applications", a.key(), "source_id")
+        need("rule_set", a.validation_set_id, "applications", a.key(), "validation_set_id")
     for e in c.dataset_lineage:  # every route must join datasets the platform knows (issue 8)
         for fld in ("from_dataset_id", "to_dataset_id"):
             if getattr(e, fld) not in datasets:

@@ -124,6 +124,27 @@ class Incremental(BaseModel):
         return self
 
 
+class PythonTransformation(BaseModel):
+    """A stage whose table is computed by a Python function instead of SQL.
+
+    `function` is `package.module:function`: called with one argument, a mapping of table
+    identifier -> Spark DataFrame of each table in `inputs` (read at the snapshots the run pinned),
+    it returns one DataFrame, written through the same write-audit-publish and rules as SQL stages.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    function: str = Field(description="package.module:function, importable where the platform runs")
+    inputs: list[str] = Field(default_factory=list, description="lake tables (namespace.table) handed to the function")
+
+    @field_validator("function")
+    @classmethod
+    def _reference(cls, v: str) -> str:
+        module, _, name = v.partition(":")
+        if not (module and name and all(p.isidentifier() for p in module.split(".")) and name.isidentifier()):
+            raise ValueError(f"python transformation {v!r} must be `package.module:function`")
+        return v
+
+
 class Stage(Entity):
     __key__ = ("pipeline_id", "stage_order")
 
@@ -138,6 +159,9 @@ class Stage(Entity):
     target_id: str
     transformation: str | None = Field(default=None, description="Spark SQL SELECT producing the target")
     transformation_file: str | None = Field(default=None, description="path of a .sql file, relative to the metadata file")
+    python_transformation: PythonTransformation | None = Field(
+        default=None, description="a Python function computing the table (YAML: `transformation: {python: "
+        "package.module:function, inputs: [namespace.table, ...]}`)")
     validation_set_id: str | None = None
     retry_id: str | None = None
     enabled: bool = True
@@ -154,13 +178,26 @@ class Stage(Entity):
 
     _v_name = field_validator("stage_name")(lambda cls, v: check_ident(v, "stage_name"))
 
+    @model_validator(mode="before")
+    @classmethod
+    def _python_form(cls, data: Any) -> Any:
+        """`transformation: {python: pkg.mod:fn, inputs: [...]}` is the Python stage's YAML form."""
+        if isinstance(data, dict) and isinstance(data.get("transformation"), dict):
+            data = dict(data)
+            spec = dict(data.pop("transformation"))
+            if "python" not in spec:
+                raise ValueError("a mapping under `transformation` needs `python: package.module:function`")
+            data["python_transformation"] = {"function": spec.pop("python"), **spec}
+        return data
+
     @model_validator(mode="after")
     def _one_transformation(self) -> Stage:
-        if self.transformation and self.transformation_file:
-            raise ValueError("give either transformation or transformation_file, not both")
+        if sum(bool(x) for x in (self.transformation, self.transformation_file, self.python_transformation)) > 1:
+            raise ValueError("give one of transformation (SQL or python), transformation_file")
         if self.layer in ("bronze", "entity_raw") and not self.source_id:
             raise ValueError(f"a {self.layer} stage needs a source_id")
-        if self.layer in ("silver", "gold") and not (self.transformation or self.transformation_file or self.source_id):
+        if self.layer in ("silver", "gold") and not (self.transformation or self.transformation_file
+                                                     or self.python_transformation or self.source_id):
             raise ValueError(f"a {self.layer} stage needs a transformation, a transformation_file or a source_id")
         return self
 
@@ -662,6 +699,8 @@ class Application(Entity):
     partition_by_day: bool = Field(
         default=False, description="partition entity_raw.<app> by the UTC day of extracted_at (Iceberg "
         "truncate[86400000] on the epoch-ms column) besides typename")
+    validation_set_id: str | None = Field(
+        default=None, description="rules every load into entity_raw.<app> is audited with before it is published")
     max_record_bytes: int = Field(
         default=1_048_576, ge=1, description="largest raw_record (UTF-8 bytes of its JSON) loaded; a bigger "
         "record is quarantined whole with its key in entity_raw.<app>__quarantine, never loaded truncated")

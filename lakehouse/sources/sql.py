@@ -7,6 +7,7 @@ from collections.abc import Iterator, Mapping
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
+from lakehouse import pins
 from lakehouse.core import SQL, Batch, ExtractPlan, StageContext, StageOutcome
 from lakehouse.errors import ConfigurationError
 from lakehouse.sources.base import SourceAdapter, register
@@ -37,17 +38,32 @@ def upstream_identifiers(ctx: StageContext) -> list[str]:
     return [up.identifier] if up else []
 
 
+def pin_upstream(ctx: StageContext, plan: ExtractPlan, identifiers: list[str]) -> None:
+    """Pin every upstream table at its current snapshot (a replica's, when recovery swapped it);
+    a table this run pinned before keeps that pin, so one run reads one version of it."""
+    tables = ctx.platform.tables()
+    current = {ident: tables.snapshot_id(ctx.table_overrides.get(ident, ident)) for ident in identifiers}
+    plan.upstream_snapshots = pins.record(ctx.platform, ctx.run_id, current, ctx.table_overrides)
+
+
+def upstream_frames(ctx: StageContext, plan: ExtractPlan) -> dict[str, DataFrame]:
+    """identifier -> DataFrame of each pinned upstream: the asset input the IO manager loaded
+    (`ctx.upstream_frames`, same pin), else read here at the pinned snapshot."""
+    overrides = plan.details.get("table_overrides", {})  # an unavailable upstream read from its replica
+    return {ident: ctx.upstream_frames.get(ident.lower())
+            or pins.read_pinned(ctx.platform, ident, snap, overrides.get(ident))
+            for ident, snap in plan.upstream_snapshots.items()}
+
+
 @register
 class SqlAdapter(SourceAdapter):
     kind = SQL
 
     def plan(self, ctx: StageContext, src: Source | None, plan: ExtractPlan) -> None:
-        """Pin every upstream table at its current snapshot (a replica's, when recovery swapped it)."""
+        """Pin every upstream table (`pin_upstream`); a backfill's run notes its partition window."""
         from lakehouse.incremental import partition_window
 
-        tables = ctx.platform.tables()
-        plan.upstream_snapshots = {ident: tables.snapshot_id(ctx.table_overrides.get(ident, ident))
-                                   for ident in upstream_identifiers(ctx)}
+        pin_upstream(ctx, plan, upstream_identifiers(ctx))
         window = partition_window(ctx)  # a run for some days of a time-partitioned target (a backfill)
         if window is not None:
             plan.details["partition_window"] = [str(d) for d in window]
@@ -72,18 +88,11 @@ class SqlAdapter(SourceAdapter):
         from pyspark.errors import AnalysisException
 
         spark = ctx.platform.spark()
-        cat = ctx.platform.settings.catalog_name
         mapping = {}
-        overrides = plan.details.get("table_overrides", {})  # an unavailable upstream read from its replica
-        for ident, snap in plan.upstream_snapshots.items():
+        for ident, df in upstream_frames(ctx, plan).items():
             view = "__lh_" + ident.replace(".", "__") + "_" + "".join(c if c.isalnum() else "_" for c in ctx.run_id[:8])
             frame = (frames or {}).get(ident)
-            if frame is None:
-                reader = spark.read.format("iceberg")
-                if snap is not None:
-                    reader = reader.option("snapshot-id", str(snap))
-                frame = reader.load(f"{cat}.{overrides.get(ident, ident)}")
-            frame.createOrReplaceTempView(view)
+            (df if frame is None else frame).createOrReplaceTempView(view)
             mapping[ident.lower()] = view
         sql = ctx.stage.transformation or f"SELECT * FROM {next(iter(mapping.values()))}"
         try:

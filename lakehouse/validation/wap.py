@@ -1,4 +1,4 @@
-"""Write-audit-publish for one stage run: the write and audit halves of `StageRunner.load`.
+"""Write-audit-publish on one audit branch: the write and audit halves `lakehouse.wap_service` drives.
 
 Every batch goes to the Iceberg branch `audit_<run_id>` of the target (rows failing a
 quarantine rule go to the same-named branch of the quarantine table), the rules run against
@@ -10,6 +10,7 @@ table needs to branch from, and (policy `evolve`) new nullable columns in the ta
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lakehouse.iceberg import MAIN, IcebergTables, WriteResult, retry_metadata_commit
@@ -46,7 +47,7 @@ class AuditedWrite:
     """One run's writes to one target, on its audit branch, until publish."""
 
     def __init__(self, runner: StageContext, tables: IcebergTables, branch: str, *, quarantine: bool = True,
-                 since: int | None | str = "now"):
+                 since: int | None | str = "now", prepare_branch: Callable[[IcebergTables, str], None] | None = None):
         self.runner = runner
         self.tables = tables
         self.branch = branch
@@ -60,7 +61,8 @@ class AuditedWrite:
         # main when the run planned (None: no table yet); the publish checks what main committed after it
         self.since = since if since != "now" else (tables.snapshot_id(self.ident)
                                                    if tables.exists(self.ident) else None)
-        self.appends_only = True
+        self.prepare_branch = prepare_branch  # e.g. entity_raw UPSERT's delete: the write then replaces data
+        self.appends_only = prepare_branch is None
         self.previous_rows = self._total_records(MAIN)
         self.actions = ActionCounts() if acting_rules(self.rules) else None
         self.drift: dict[str, SchemaDrift] = {}
@@ -141,6 +143,8 @@ class AuditedWrite:
 
                 retry_metadata_commit(self.tables, self.ident, start_branch)
                 self.fork_snapshot = self.tables.snapshot_id(self.ident, self.branch)
+                if self.prepare_branch is not None:
+                    self.prepare_branch(self.tables, self.branch)
                 self.created = True
             row_pass = RowPass.plan(keep, self.rules, self._handled)
             keys = self._observed_keys(row_pass, keep) if self.target.write_mode == "append" else set()
@@ -291,7 +295,8 @@ class AuditedWrite:
         faults.inject("before_publish")
         with coordination.publish_lock(self.runner.platform, self.ident):
             res = publish_branch(self.tables, self.ident, self.branch, since=self.since, run_id=self.runner.run_id,
-                                 watermark_order=watermark_order, can_rebase=self.target.write_mode == "append")
+                                 watermark_order=watermark_order,
+                                 can_rebase=self.target.write_mode == "append" and self.prepare_branch is None)
             if res.published and self._quarantine is not None:
                 faults.inject("between_publishes")
                 self._quarantine.publish()

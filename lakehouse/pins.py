@@ -1,0 +1,77 @@
+"""The upstream snapshots a run pinned: what every later read of those tables in the run sees.
+
+A stage that reads lake tables (SQL or Python) pins each of them when its extract plans
+(`plan.upstream_snapshots`); the load reads exactly those snapshots, even if another run moved
+`main` in between. The pins are also recorded per run here, so that the Dagster IO manager,
+which loads a downstream stage's upstream tables as asset inputs, reads the same snapshots
+(`pinned`), and so that every stage of a run reading one table reads one version of it (the
+first pin of a table in a run wins).
+
+They are kept as one small JSON file per run in the platform's staging area, next to the staged
+input the load step of the same run already reads from there (a run's steps share a host: one
+process per run, docs/ARCHITECTURE.md). Written by rename, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from lakehouse.platform import Platform
+
+#: `pinned` of a table the run has not pinned
+NOT_PINNED = object()
+
+
+def _path(platform: Platform, run_id: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in run_id)
+    return platform.settings.staging_dir / "pins" / f"{safe}.json"
+
+
+def _read(path: Path) -> dict[str, dict]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+
+
+def record(platform: Platform, run_id: str, snapshots: dict[str, int | None],
+           read_from: dict[str, str] | None = None) -> dict[str, int | None]:
+    """Pin `snapshots` (identifier -> snapshot id, None: no table yet) for the run; a table the run
+    pinned before keeps its first pin. `read_from`: a replica read instead of the table (recovery).
+    Returns the run's pins of these tables (the earlier ones where there were)."""
+    path = _path(platform, run_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pins = _read(path)
+    for ident, snap in snapshots.items():
+        pins.setdefault(ident.lower(), {"snapshot_id": snap, "table": (read_from or {}).get(ident, ident)})
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(pins, f)
+    os.replace(tmp, path)
+    return {ident: pins[ident.lower()]["snapshot_id"] for ident in snapshots}
+
+
+def pinned(platform: Platform, run_id: str, identifier: str) -> dict | object:
+    """{"snapshot_id", "table"} the run pinned for `identifier`, or NOT_PINNED."""
+    return _read(_path(platform, run_id)).get(identifier.lower(), NOT_PINNED)
+
+
+def forget(platform: Platform, run_id: str) -> None:
+    _path(platform, run_id).unlink(missing_ok=True)
+
+
+def read_pinned(platform: Platform, identifier: str, snapshot_id: int | None, table: str | None = None,
+                spark: Any = None) -> DataFrame:
+    """`identifier` (or its replica `table`) as a Spark DataFrame at `snapshot_id` (None: as it is
+    now), with `spark` (the process-wide session, as the Dagster resource hands it) or the platform's."""
+    reader = (spark or platform.spark()).read.format("iceberg")
+    if snapshot_id is not None:
+        reader = reader.option("snapshot-id", str(snapshot_id))
+    return reader.load(f"{platform.settings.catalog_name}.{table or identifier}")

@@ -1,0 +1,240 @@
+"""The one write-audit-publish service: every write into an Iceberg table of the platform goes here.
+
+Stage loads (`lakehouse.runner`, reached from the Dagster IO manager), entity_raw loads
+(`lakehouse.entity_raw`) and quarantine replays all hand their input to `WriteAuditPublish` as a
+stream of `Batch`es. For each of them the same guarantees hold, in this order:
+
+1. each batch is one commit on the run's audit branch `audit_<run_id>` (its file checkpoints ride
+   in the snapshot summary), after the source/target throttles; rows failing a quarantine rule go
+   to the quarantine table's branch (`lakehouse.validation.wap.AuditedWrite` does the writing);
+2. the rules run on the branch; a failed blocking rule keeps the branch and raises `AuditFailed`;
+3. the kill switch is read again, immediately before the publish (under self-healing, so a commit
+   conflict is refreshed and published again, never rewritten);
+4. the publish is exactly once (`lakehouse.publish`): input another run already put on main is
+   cut off and only the rest is written again (`write_exactly_once`), or nothing is published.
+
+It knows the step only as a `StageContext` (the run, stage, source, target, rules and audit sink),
+so it sits below the orchestrators that build that context and above the features it drives.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Iterable
+
+from lakehouse import alerts, coordination
+from lakehouse.branches import drop_branch_and_commits, keep_failed_audit, tidy_before_write
+from lakehouse.control import faults
+from lakehouse.control.flags import dataset_gate
+from lakehouse.control.healing import run_with_healing
+from lakehouse.core import AuditFailed, Batch, DatasetDisabled, ExtractPlan, StageContext, StageDisabled, StageOutcome
+from lakehouse.iceberg import IcebergTables, branch_name_for_run
+from lakehouse.lineage.datahub import emit_stage_run
+from lakehouse.publish import Superseded, remainder_plan
+from lakehouse.throughput.ratelimit import StageThrottle
+from lakehouse.validation import history
+from lakehouse.validation.quarantine import quarantine_identifier
+from lakehouse.validation.rules import CheckOutcome
+from lakehouse.validation.wap import AuditedWrite
+
+#: how often one load writes the remainder again when other runs keep publishing the same input
+MAX_REWRITES = 8
+
+
+def require_enabled(ctx: StageContext, when: str) -> None:
+    """The kill switch: pipeline/stage flags stop the step (StageDisabled), source/target flags skip
+    it (DatasetDisabled). Read from the control DB at every call, so a flip applies in flight."""
+    store = ctx.platform.store
+    if ctx.described_by_metadata:
+        ok, reason = store.enabled(ctx.stage.pipeline_id, ctx.stage.stage_name)
+    else:  # no pipeline row (an entity_raw load): the platform flag, then its datasets' flags below
+        ok, reason = store.flag("platform", "*") is not False, "the whole platform is disabled (control_flags platform/*)"
+    if not ok:
+        ctx.audit("kill_switch", outcome="stopped", message=f"{when}: {reason}")
+        exc = StageDisabled(f"{reason}; stopped {when}. Re-enable with "
+                            f"`lakehouse pipeline enable {ctx.stage.pipeline_id}` or "
+                            f"`lakehouse stage enable {ctx.stage.pipeline_id} {ctx.stage.stage_name}`.")
+        alerts.kill_switch_stopped(ctx, str(exc))
+        raise exc
+    gate = dataset_gate(store, [ctx.stage.source_id, ctx.source_override], ctx.target.target_id)
+    if not gate.ok:
+        ctx.audit("kill_switch", outcome="skipped", message=f"{when}: {gate.reason}")
+        exc = DatasetDisabled(f"{gate.reason}; {ctx.target.identifier} (stage {ctx.stage.pipeline_id}."
+                              f"{ctx.stage.stage_name}) skipped {when}. Re-enable with `{gate.enable_command}`.")
+        alerts.kill_switch_stopped(ctx, str(exc))
+        raise exc
+
+
+class WriteAuditPublish:
+    """Write-audit-publish of one step into its target (see the module docstring).
+
+    `quarantine`: rows failing a quarantine rule go to the quarantine table (off for a replay of
+    that table). `prepare_branch(tables, branch)`: runs once the audit branch exists, before the
+    first batch (entity_raw's UPSERT deletes the rows it replaces there); a write that prepares
+    its branch replaces data, so its publish never rebases.
+    """
+
+    def __init__(self, ctx: StageContext, *, quarantine: bool = True,
+                 prepare_branch: Callable[[IcebergTables, str], None] | None = None):
+        self.ctx = ctx
+        self.quarantine = quarantine
+        self.prepare_branch = prepare_branch
+        self.branch = branch_name_for_run(ctx.run_id)
+
+    # ------------------------------------------------------------------ branches
+    def tidy_branches(self, tables: IcebergTables) -> dict:
+        """Branches of dead runs and expired failed audits go before this run writes (lakehouse.branches)."""
+        ctx = self.ctx
+        coordination.hold_lease(ctx.platform, ctx.run_id, ctx.target.identifier)
+        return tidy_before_write(ctx.platform, tables, ctx.catalog, ctx.target.identifier, ctx.run_id,
+                                 (quarantine_identifier(ctx.target.identifier),), ctx.target)
+
+    def drop_own_branches(self) -> None:
+        """This run's audit branches of the target and its quarantine table, with their commits."""
+        tables = self.ctx.platform.tables()
+        for ident in (self.ctx.target.identifier, quarantine_identifier(self.ctx.target.identifier)):
+            if tables.exists(ident) and self.branch in tables.refs(ident):
+                drop_branch_and_commits(tables, ident, self.branch)
+
+    def skip_disabled(self, reason: str) -> StageOutcome:
+        """A source/target flag stopped this write: drop what this run put on its audit branches
+        (the data is fine, it was just not allowed in) and report the step as skipped. Metadata
+        reads go through PyIceberg, so a write skipped before writing never starts Spark."""
+        ctx = self.ctx
+        cat = ctx.platform.pyiceberg_catalog()
+        snap = None
+        for ident in (ctx.target.identifier, quarantine_identifier(ctx.target.identifier)):
+            if not cat.table_exists(ident):
+                continue
+            meta = cat.load_table(ident).metadata
+            if self.branch in meta.refs:
+                ctx.platform.tables().drop_branch(ident, self.branch)
+            if ident == ctx.target.identifier and "main" in meta.refs:
+                snap = meta.refs["main"].snapshot_id
+        ctx.log.warning("%s", reason)
+        return StageOutcome(ctx.stage.pipeline_id, ctx.stage.stage_name, ctx.target, False, self.branch,
+                            snapshot_id=snap, skipped_reason=reason)
+
+    # ------------------------------------------------------------------ exactly once
+    def write_exactly_once(self, plan: ExtractPlan, batches_for: Callable[[ExtractPlan], Iterable[Batch]],
+                           outcome: StageOutcome, started: float) -> ExtractPlan | None:
+        """`run` over the plan's batches; when the publish finds part of the input already on main
+        (another run), write the remainder (the adapter's `remainder`) again on a fresh branch, or
+        publish nothing. Returns the plan that was published (None: nothing of it was)."""
+        ctx = self.ctx
+        for _ in range(MAX_REWRITES):
+            try:
+                self.run(batches_for(plan), outcome=outcome, started=started, since=plan.main_at_plan)
+                return None if outcome.skipped_reason else plan
+            except Superseded as sup:
+                self.drop_own_branches()
+                overlap = sup.result.overlap
+                if overlap is not None:
+                    ctx.audit("already_loaded", outcome="skipped", message=overlap.message(), details=overlap.details())
+                    ctx.log.warning("%s: %s; publishing only the rest", ctx.target.identifier, overlap.message())
+                    outcome.extra["already_loaded"] = "; ".join(
+                        x for x in (outcome.extra.get("already_loaded"), overlap.message()) if x)
+                    outcome.extra["files_already_loaded"] = (outcome.extra.get("files_already_loaded", 0)
+                                                             + overlap.file_count)
+                staged = plan.staged_path
+                plan = remainder_plan(plan, sup.result, ctx.adapter_for(plan.kind).remainder)
+                outcome.writes, outcome.rows_written, outcome.quarantined_rows = [], 0, 0
+                if plan is None:
+                    if staged:  # the downloaded / staged input is on main already, by another run
+                        shutil.rmtree(staged, ignore_errors=True)
+                    outcome.skipped_reason = outcome.extra["already_loaded"]
+                    outcome.published = True
+                    outcome.snapshot_id = ctx.platform.tables().snapshot_id(ctx.target.identifier)
+                    outcome.duration_s = time.monotonic() - started
+                    return None
+        raise RuntimeError(f"{ctx.target.identifier}: gave up after {MAX_REWRITES} rewrites; other runs kept "
+                           "publishing the same input (nothing of this run was published)")
+
+    # ------------------------------------------------------------------ write, audit, publish
+    def run(self, batches: Iterable[Batch], *, outcome: StageOutcome | None = None, started: float | None = None,
+            since: int | None | str = "now") -> StageOutcome:
+        """Batches → audit branch → rules on the branch → kill switch → publish.
+
+        A failed blocking rule raises AuditFailed: main untouched, branch kept for inspection.
+        `since`: the main snapshot the input was planned on (None: the table did not exist), so
+        the publish can tell what other runs committed meanwhile; "now" when there was no plan.
+        Raises lakehouse.publish.Superseded when some of the input is already on main.
+        """
+        ctx = self.ctx
+        t0 = started if started is not None else time.monotonic()
+        tables = ctx.platform.tables()
+        branch = self.branch
+        if outcome is None:
+            outcome = StageOutcome(ctx.stage.pipeline_id, ctx.stage.stage_name, ctx.target, False, branch)
+        coordination.hold_lease(ctx.platform, ctx.run_id, ctx.target.identifier)
+        session = AuditedWrite(ctx, tables, branch, quarantine=self.quarantine, since=since,
+                               prepare_branch=self.prepare_branch)
+        # records_per_minute / bytes_per_hour of the source and the target, shared by all processes
+        src = ctx.source
+        throttle = StageThrottle.for_stage(ctx.platform.store, ctx.catalog, src.source_id if src else None,
+                                           ctx.target.target_id)
+        for i, batch in enumerate(batches):
+            throttle.before_batch()
+            ctx.current_batch = batch  # what evolve_schema / quarantine_input / shrink_batch look at
+            faults.inject("batch", ctx, df=batch.df)  # no-op unless LAKEHOUSE_FAULTS is set
+            res = session.write(batch)
+            outcome.writes.append(res)
+            outcome.rows_written += res.rows_written
+            ctx.log.info("%s: commit %d (%s) wrote %d rows (%d so far) to branch %s",
+                         ctx.target.identifier, i + 1, batch.label, res.rows_written, outcome.rows_written, branch)
+            written = int(res.summary.get("added-files-size", 0) or 0)
+            throttle.after_batch(res.rows_written, sum(f.size for f in batch.files) or written, written)
+        if throttle.active:  # how long rate limits held this stage back (materialization metadata)
+            outcome.extra["throttle_wait_s"] = round(throttle.waited_s, 3)
+        outcome.quarantined_rows = session.quarantined_rows
+        if not session.created:
+            outcome.skipped_reason = "no readable input"
+            outcome.published = True
+            outcome.duration_s = time.monotonic() - t0
+            return outcome
+        outcome.checks = session.audit()
+        self.record_checks(outcome.checks)
+        failures = [c for c in outcome.checks if c.blocking_failure]
+        if failures:
+            raise self._audit_failed(session, outcome, failures, t0)
+
+        def publish():
+            require_enabled(ctx, "before publish")  # re-checked on every healing retry too
+            faults.inject("publish", ctx)
+            return session.publish()
+
+        # a commit conflict here is healed by refreshing and publishing again (not rewriting)
+        result = run_with_healing(ctx, "publish", publish)
+        if not result.published:
+            raise Superseded(result)  # the caller writes what is left on a fresh branch
+        outcome.snapshot_id = result.snapshot_id
+        outcome.published = True
+        outcome.duration_s = time.monotonic() - t0
+        ctx.audit("published", outcome="success", duration_ms=int(outcome.duration_s * 1000),
+                  details={"snapshot_id": outcome.snapshot_id, "rows": outcome.rows_written,
+                           "quarantined_rows": outcome.quarantined_rows})
+        return outcome
+
+    def record_checks(self, checks: list[CheckOutcome]) -> None:
+        history.record_outcomes(self.ctx, checks)  # looked up per call: tests hook the audit moment here
+
+    def _audit_failed(self, session: AuditedWrite, outcome: StageOutcome, failures: list[CheckOutcome],
+                      t0: float) -> AuditFailed:
+        ctx, branch = self.ctx, self.branch
+        names = ", ".join(c.rule.name for c in failures)
+        ctx.audit("audit_failed", outcome="not_published", message=names, details={"branch": branch})
+        keep_failed_audit(ctx.platform, session.branch_tables(), branch, ctx.run_id, f"failed rule(s) {names}")
+        outcome.duration_s = time.monotonic() - t0
+        emit_stage_run(ctx, None, outcome, success=False)  # the failed run and its assertions
+        why = "; ".join(f"{c.rule.name}: {c.message}" for c in failures if c.message)
+        failed = AuditFailed(
+            f"{ctx.target.identifier} (stage {ctx.stage.pipeline_id}.{ctx.stage.stage_name}) failed "
+            f"blocking rule(s) {names}" + (f" ({why})" if why else "") + ": main is unchanged, "
+            f"the data is kept on branch {branch!r}. "
+            f"Inspect it with `lakehouse branches show {ctx.target.identifier} {branch}`, fix the input "
+            "or the rule, then re-run the stage.",
+            outcome.checks, branch,
+        )
+        alerts.audit_failed(ctx, failed)  # never raises: an alert channel that is down fails nothing
+        return failed
