@@ -457,8 +457,10 @@ def write_context(platform: Platform, app: Application, run_id: str, catalog: Me
     """The write-audit-publish context of a load into entity_raw.<app>: the application's source
     and rule set (`validation_set_id`), its table as the target (append; UPSERT replaces on the branch)."""
     ident = table_identifier(app.application_id)
-    stage = Stage(pipeline_id=NAMESPACE, stage_order=1, stage_name=app.application_id.lower(), layer="entity_raw",
-                  source_id=app.source_id, target_id=ident, validation_set_id=app.validation_set_id)
+    # not a metadata row (an application may have no source: loads name their files): built unvalidated
+    stage = Stage.model_construct(pipeline_id=NAMESPACE, stage_order=1, stage_name=app.application_id.lower(),
+                                  layer="entity_raw", source_id=app.source_id, target_id=ident,
+                                  validation_set_id=app.validation_set_id)
     target = Target(target_id=ident, namespace=NAMESPACE, table=app.application_id.lower(), write_mode="append")
     ctx = StageContext.for_write(platform, stage, target, run_id, log, catalog=catalog)
     ctx.adapter_for = adapter_for

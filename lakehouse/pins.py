@@ -9,7 +9,8 @@ first pin of a table in a run wins).
 
 They are kept as one small JSON file per run in the platform's staging area, next to the staged
 input the load step of the same run already reads from there (a run's steps share a host: one
-process per run, docs/ARCHITECTURE.md). Written by rename, so a reader never sees half a file.
+process per run, docs/ARCHITECTURE.md). Written by rename, so a reader never sees half a file;
+a new run removes the pins of runs older than a week.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
 
 #: `pinned` of a table the run has not pinned
 NOT_PINNED = object()
+#: pins of runs older than this are removed (a run, its retries and re-executions are long over)
+KEEP_S = 7 * 86_400
 
 
 def _path(platform: Platform, run_id: str) -> Path:
@@ -47,7 +51,10 @@ def record(platform: Platform, run_id: str, snapshots: dict[str, int | None],
     pinned before keeps its first pin. `read_from`: a replica read instead of the table (recovery).
     Returns the run's pins of these tables (the earlier ones where there were)."""
     path = _path(platform, run_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    elif not path.exists():  # a new run: the pins of runs long over go (a listing per run, no more)
+        _prune(path.parent)
     pins = _read(path)
     for ident, snap in snapshots.items():
         pins.setdefault(ident.lower(), {"snapshot_id": snap, "table": (read_from or {}).get(ident, ident)})
@@ -58,13 +65,19 @@ def record(platform: Platform, run_id: str, snapshots: dict[str, int | None],
     return {ident: pins[ident.lower()]["snapshot_id"] for ident in snapshots}
 
 
+def _prune(folder: Path) -> None:
+    cutoff = time.time() - KEEP_S
+    for p in folder.glob("*.json"):
+        try:
+            if p.stat().st_mtime < cutoff:
+                p.unlink()
+        except FileNotFoundError:  # another run pruned it first
+            pass
+
+
 def pinned(platform: Platform, run_id: str, identifier: str) -> dict | object:
     """{"snapshot_id", "table"} the run pinned for `identifier`, or NOT_PINNED."""
     return _read(_path(platform, run_id)).get(identifier.lower(), NOT_PINNED)
-
-
-def forget(platform: Platform, run_id: str) -> None:
-    _path(platform, run_id).unlink(missing_ok=True)
 
 
 def read_pinned(platform: Platform, identifier: str, snapshot_id: int | None, table: str | None = None,

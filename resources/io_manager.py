@@ -29,6 +29,7 @@ import dagster as dg
 
 from lakehouse import pins
 from lakehouse.core import AuditFailed, Batch, ExtractPlan, StageDisabled, StageOutcome
+from lakehouse.metadata.model import MetadataCatalog, Stage, Target
 from lakehouse.runner import StageRunner
 from resources.lakehouse import LakehouseResource
 from resources.spark import LakehouseSparkResource
@@ -49,12 +50,17 @@ class StageWrite:
     audit_failed: AuditFailed | None = None
 
 
-def identifier_for_key(key: dg.AssetKey) -> str:
-    """[layer, table] → layer.table (the platform's naming for software-defined tables)."""
-    path = key.path
-    if len(path) < 2:
-        raise ValueError(f"asset key {key.to_user_string()} has no namespace: expected [namespace, table]")
-    return f"{path[-2]}.{path[-1]}"
+def stage_for_key(catalog: MetadataCatalog, key: dg.AssetKey) -> tuple[Stage, Target]:
+    """The stage whose asset this is, and its target: a stage's key is [layer, table] and its
+    table's namespace need not be the layer, so the metadata says which table it is."""
+    targets = {t.target_id: t for t in catalog.targets}
+    for st in catalog.stages:
+        t = targets.get(st.target_id)
+        if t is not None and t.kind == "iceberg" and [st.layer, (t.table or "").lower()] == \
+                [p.lower() for p in key.path]:
+            return st, t
+    raise KeyError(f"asset {key.to_user_string()} is not a stage's table in the metadata: the IO manager reads and "
+                   "writes stage tables only")
 
 
 def _run_id(context: dg.InputContext) -> str | None:
@@ -103,13 +109,7 @@ class IcebergIOManager(dg.ConfigurableIOManager):
         """A DataFrame for a stage's table: one batch through the same write-audit-publish, as
         that stage (its rules; their outcomes land in the check history, not as asset checks)."""
         platform = self.lakehouse.platform()
-        ident = identifier_for_key(context.asset_key)
-        catalog = platform.catalog()
-        target = catalog.target_by_identifier(ident)
-        stage = catalog.stage_for_target(target.target_id) if target is not None else None
-        if stage is None:
-            raise ValueError(f"{ident} is not the target of any stage in the metadata: the IO manager writes "
-                             "stage tables only (add the stage, or write elsewhere)")
+        stage, _ = stage_for_key(platform.catalog(), context.asset_key)
         runner = StageRunner(platform, stage.pipeline_id, stage.stage_name, context.run_id)
         outcome = runner.wap().run([Batch(df, {"lakehouse.run_id": context.run_id}, label="dataframe")])
         context.add_output_metadata(outcome.metadata())
@@ -117,7 +117,7 @@ class IcebergIOManager(dg.ConfigurableIOManager):
     # ------------------------------------------------------------------ inputs
     def load_input(self, context: dg.InputContext):
         platform = self.lakehouse.platform()
-        ident = identifier_for_key(context.asset_key)
+        ident = stage_for_key(platform.catalog(), context.asset_key)[1].identifier.lower()
         run_id = _run_id(context)
         pin = pins.pinned(platform, run_id, ident) if run_id else pins.NOT_PINNED
         if pin is pins.NOT_PINNED:  # nothing of this run read it yet: pin it now, for the rest of the run

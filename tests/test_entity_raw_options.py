@@ -119,3 +119,57 @@ def test_day_partition_without_spark(settings, tmp_path, monkeypatch):
     entity_raw.ensure_table(platform, "plain")
     entity_raw.ensure_table(platform, "plain")  # once added, it is not added again
     assert [f.name for f in cat.load_table("entity_raw.plain").spec().fields] == ["typename", "extracted_day"]
+
+
+RULED = META + """  - {application_id: ruled, source_id: app_extract, validation_set_id: raw_rules}
+validation_rules:
+  - rule_set_id: raw_rules
+    rules:
+      - {name: entity_named, type: not_null, columns: [entity_name], severity: error}
+"""
+
+
+@pytest.mark.slow
+def test_entity_raw_load_goes_through_write_audit_publish(platform, tmp_path, monkeypatch):
+    """An entity_raw load is audited with its application's rules and re-reads the kill switch
+    right before publishing (lakehouse.wap_service), like every stage load."""
+    from lakehouse.core import AuditFailed
+    from lakehouse.wap_service import WriteAuditPublish
+
+    f = tmp_path / "apps.yaml"
+    f.write_text(RULED)
+    platform.store.apply(load_metadata(f))
+    root = platform.settings.landing_dir / "extractions" / "app"
+    good, bad = "wf1/run1/raw/table/good.parquet", "wf1/run1/raw/table/bad.parquet"
+    (root / good).parent.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([{"table_name": "t1"}, {"table_name": "t2"}]), root / good)
+    pq.write_table(pa.Table.from_pylist([{"table_name": "t3"}, {"table_name": None}]), root / bad)
+
+    def request(key):
+        return {"application": "ruled", "tenant_id": "acme", "file_keys": [key], "extracted_at": EXTRACTED_AT}
+
+    # the source is switched off after the audit passed, before the publish: nothing reaches main
+    record = WriteAuditPublish.record_checks
+
+    def flip_after_audit(self, checks):
+        record(self, checks)
+        platform.store.set_enabled("source", "app_extract", False, by="test")
+
+    monkeypatch.setattr(WriteAuditPublish, "record_checks", flip_after_audit)
+    res = entity_raw.load(platform, request(good))
+    assert res.skipped_reason and "app_extract" in res.skipped_reason and res.files_loaded == 0
+    table = pycat(platform).load_table("entity_raw.ruled")
+    # main holds only the empty snapshot a new table branches from; the audit branch is dropped too
+    assert len(table.scan().to_arrow()) == 0 and list(table.metadata.refs) == ["main"]
+
+    monkeypatch.setattr(WriteAuditPublish, "record_checks", record)
+    platform.store.set_enabled("source", "app_extract", True, by="test")
+    res = entity_raw.load(platform, request(good))  # the files were not checkpointed: loaded now
+    assert res.files_loaded == 1 and res.rows_written == 2
+    assert [(c.rule.name, c.passed) for c in res.checks] == [("entity_named", True)]
+    published = pycat(platform).load_table("entity_raw.ruled").current_snapshot().snapshot_id
+
+    with pytest.raises(AuditFailed, match="entity_named"):  # a row without an entity name fails the rule
+        entity_raw.load(platform, request(bad))
+    table = pycat(platform).load_table("entity_raw.ruled")
+    assert table.current_snapshot().snapshot_id == published and len(table.scan().to_arrow()) == 2

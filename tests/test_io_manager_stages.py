@@ -52,6 +52,10 @@ def test_sql_and_python_stages_publish_through_the_io_manager_with_checks(platfo
     evals = {(c.asset_key.to_user_string(), c.check_name): c.passed for c in res.get_asset_check_evaluations()}
     assert evals[("gold/big_orders", "id_present")] is True
     mats = {m.asset_key.to_user_string(): m.materialization.metadata for m in res.get_asset_materialization_events()}
+    # the stage ops' Spark resource (dagster-pyspark) is the platform's one process-wide session
+    from resources.spark import spark_resource
+
+    assert spark_resource().spark_session is platform.spark()
 
     # an independent reader: PyIceberg's scan of main, at the snapshot the materialization names
     assert sorted(r["order_id"] for r in rows_of(platform, "silver.orders")) == [1, 2, 3]

@@ -348,3 +348,30 @@ def test_cli_never_creates_the_home_on_a_bad_path(home, capsys):
     assert cli(["metadata", "validate", str(home / "nope")]) == 2
     assert "no such metadata file or directory" in capsys.readouterr().err
     assert list(home.iterdir()) == [] and os.path.isdir(home)
+
+
+def _python_stage(ref: str, inputs: str = "[silver.orders]") -> str:
+    return SHOP.replace("validation_rules:", f"""  - {{pipeline_id: shop, stage_order: 5, stage_name: py, layer: gold, target_id: gold_py,
+     transformation: {{python: "{ref}", inputs: {inputs}}}}}
+validation_rules:""", 1).replace("targets:\n", "targets:\n  - {target_id: gold_py, namespace: gold, table: py}\n", 1)
+
+
+def one_argument(inputs):
+    """A valid Python transformation (only referenced, never called, by these checks)."""
+    return inputs["silver.orders"]
+
+
+def two_arguments(inputs, spark):
+    return inputs["silver.orders"]
+
+
+def test_python_transformation_reference_is_checked_before_any_run(tmp_path):
+    load_metadata(shop(tmp_path, _python_stage("tests.test_static_checks:one_argument")))
+    for ref, expected in (("tests.no_such_module:f", "module 'tests.no_such_module' does not import"),
+                          ("tests.test_static_checks:missing", "has no 'missing'"),
+                          ("tests.test_static_checks:SHOP", "is a str, not a function"),
+                          ("tests.test_static_checks:two_arguments", "must take one argument")):
+        (msg,) = problems_of(shop(tmp_path, _python_stage(ref)))
+        assert "shop.yaml" in msg and "stages[4].transformation.python" in msg and expected in msg, msg
+    (msg,) = problems_of(shop(tmp_path, _python_stage("tests.test_static_checks:one_argument", "[gold.nope]")))
+    assert "stages[4].transformation.inputs[0]" in msg and "'gold.nope' is not the target" in msg

@@ -294,7 +294,7 @@ def check_references(loaded: LoadedMetadata, live=None, baseline=None) -> None:
             for i, ident in enumerate(st.python_transformation.inputs):
                 t = c.target_by_identifier(ident)
                 if t is None:
-                    problems.append(f"{where}.python_transformation.inputs[{i}]: table {ident!r} is not the target "
+                    problems.append(f"{where}.transformation.inputs[{i}]: table {ident!r} is not the target "
                                     "of any stage; a Python transformation reads lake tables only: known tables "
                                     f"{sorted(x.identifier for x in c.targets if x.kind == 'iceberg')}")
                 else:
