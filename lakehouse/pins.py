@@ -1,6 +1,6 @@
 """The upstream snapshots a run pinned: what every later read of those tables in the run sees.
 
-A stage that reads lake tables (SQL or Python) pins each of them when its extract plans
+A stage that reads lake tables (SQL, Python, an iceberg source) pins each of them when its extract plans
 (`plan.upstream_snapshots`); the load reads exactly those snapshots, even if another run moved
 `main` in between. The pins are also recorded per run here, so that the Dagster IO manager,
 which loads a downstream stage's upstream tables as asset inputs, reads the same snapshots
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+    from lakehouse.core import ExtractPlan, StageContext
     from lakehouse.platform import Platform
 
 #: `pinned` of a table the run has not pinned
@@ -88,3 +89,22 @@ def read_pinned(platform: Platform, identifier: str, snapshot_id: int | None, ta
     if snapshot_id is not None:
         reader = reader.option("snapshot-id", str(snapshot_id))
     return reader.load(f"{platform.settings.catalog_name}.{table or identifier}")
+
+
+def pin_upstream(ctx: StageContext, plan: ExtractPlan, identifiers: list[str]) -> None:
+    """Pin every upstream table at its current snapshot (a replica's, when recovery swapped it);
+    a table this run pinned before keeps that pin, so one run reads one version of it."""
+    tables = ctx.platform.tables()
+    current = {ident: tables.snapshot_id(ctx.table_overrides.get(ident, ident)) for ident in identifiers}
+    plan.upstream_snapshots = record(ctx.platform, ctx.run_id, current, ctx.table_overrides)
+
+
+def upstream_frames(ctx: StageContext, plan: ExtractPlan) -> dict[str, DataFrame]:
+    """identifier -> DataFrame of each pinned upstream: the asset input the IO manager loaded
+    (`ctx.upstream_frames`, same pin), else read here at the pinned snapshot."""
+    overrides = plan.details.get("table_overrides", {})  # an unavailable upstream read from its replica
+    out = {}
+    for ident, snap in plan.upstream_snapshots.items():
+        given = ctx.upstream_frames.get(ident.lower())
+        out[ident] = given if given is not None else read_pinned(ctx.platform, ident, snap, overrides.get(ident))
+    return out

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from lakehouse.core import Batch, ExtractPlan, StageContext
+from lakehouse.pins import pin_upstream, upstream_frames
 from lakehouse.sources.base import SourceAdapter, register
 
 if TYPE_CHECKING:
@@ -29,15 +30,10 @@ class IcebergAdapter(SourceAdapter):
     kind = "iceberg"
 
     def plan(self, ctx: StageContext, src: Source, plan: ExtractPlan) -> None:
-        plan.upstream_snapshots = {src.table_identifier: ctx.platform.tables().snapshot_id(src.table_identifier)}
+        pin_upstream(ctx, plan, [src.table_identifier])
 
     def batches(self, ctx: StageContext, plan: ExtractPlan) -> Iterator[Batch]:
-        src = ctx.source
-        snap = plan.upstream_snapshots.get(src.table_identifier)
-        reader = ctx.platform.spark().read.format("iceberg")
-        if snap is not None:
-            reader = reader.option("snapshot-id", str(snap))
-        yield Batch(reader.load(f"{ctx.platform.settings.catalog_name}.{src.table_identifier}"), label="table")
+        yield Batch(upstream_frames(ctx, plan)[ctx.source.table_identifier], label="table")
 
     def probe(self, platform: Platform, src: Source) -> tuple[bool, str]:
         return probe_table(platform, src.table_identifier)

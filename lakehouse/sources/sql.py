@@ -7,9 +7,9 @@ from collections.abc import Iterator, Mapping
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
-from lakehouse import pins
 from lakehouse.core import SQL, Batch, ExtractPlan, StageContext, StageOutcome
 from lakehouse.errors import ConfigurationError
+from lakehouse.pins import pin_upstream, upstream_frames
 from lakehouse.sources.base import SourceAdapter, register
 from lakehouse.sources.iceberg import probe_table
 from lakehouse.sqlparse import rewrite_tables, tables_in_sql
@@ -36,23 +36,6 @@ def upstream_identifiers(ctx: StageContext) -> list[str]:
         return [src.table_identifier]
     up = ctx.catalog.target(src.source_id) if any(t.target_id == src.source_id for t in ctx.catalog.targets) else None
     return [up.identifier] if up else []
-
-
-def pin_upstream(ctx: StageContext, plan: ExtractPlan, identifiers: list[str]) -> None:
-    """Pin every upstream table at its current snapshot (a replica's, when recovery swapped it);
-    a table this run pinned before keeps that pin, so one run reads one version of it."""
-    tables = ctx.platform.tables()
-    current = {ident: tables.snapshot_id(ctx.table_overrides.get(ident, ident)) for ident in identifiers}
-    plan.upstream_snapshots = pins.record(ctx.platform, ctx.run_id, current, ctx.table_overrides)
-
-
-def upstream_frames(ctx: StageContext, plan: ExtractPlan) -> dict[str, DataFrame]:
-    """identifier -> DataFrame of each pinned upstream: the asset input the IO manager loaded
-    (`ctx.upstream_frames`, same pin), else read here at the pinned snapshot."""
-    overrides = plan.details.get("table_overrides", {})  # an unavailable upstream read from its replica
-    return {ident: ctx.upstream_frames.get(ident.lower())
-            or pins.read_pinned(ctx.platform, ident, snap, overrides.get(ident))
-            for ident, snap in plan.upstream_snapshots.items()}
 
 
 @register
