@@ -33,9 +33,9 @@ def big_orders(inputs):
 
 
 def _job(platform):
-    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.definitions import build_definitions, pipeline_job
 
-    return build_definitions(platform).resolve_job_def("orders_etl_job")
+    return pipeline_job(build_definitions(platform), "orders_etl")
 
 
 def test_sql_and_python_stages_publish_through_the_io_manager_with_checks(platform, tmp_path):
