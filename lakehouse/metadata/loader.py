@@ -259,6 +259,16 @@ def check_references(loaded: LoadedMetadata, live=None, baseline=None) -> None:
 
     graph = nx.DiGraph()
     target_writers: dict[str, tuple] = {}
+
+    def lake_table(ident: str, at: str, reader: str) -> list[str]:
+        """The target a stage reads as a lake table ([] and a problem naming the known tables if none)."""
+        t = c.target_by_identifier(ident)
+        if t is not None:
+            return [t.target_id]
+        problems.append(f"{at}: table {ident!r} is not the target of any stage; {reader} reads lake tables "
+                        f"only: known tables {sorted(x.identifier for x in c.targets if x.kind == 'iceberg')}")
+        return []
+
     for st in c.stages:
         key = st.key()
         where = _where(loaded, "stages", key)
@@ -281,24 +291,12 @@ def check_references(loaded: LoadedMetadata, live=None, baseline=None) -> None:
             try:
                 reads = stored_reads.get((st.pipeline_id, st.stage_name))
                 for ident in reads if reads is not None else tables_in_tree(shared_query(st.transformation)):
-                    t = c.target_by_identifier(ident)
-                    if t is None:
-                        problems.append(f"{sql_where(st)}: table {ident!r} is not the target of any stage; a "
-                                        "stage's SQL reads lake tables only: known tables "
-                                        f"{sorted(x.identifier for x in c.targets if x.kind == 'iceberg')}")
-                    else:
-                        upstream.append(t.target_id)
+                    upstream.extend(lake_table(ident, sql_where(st), "a stage's SQL"))
             except SqlParseError:
                 pass  # reported with its line by the static checks below
         if st.python_transformation is not None:
             for i, ident in enumerate(st.python_transformation.inputs):
-                t = c.target_by_identifier(ident)
-                if t is None:
-                    problems.append(f"{where}.transformation.inputs[{i}]: table {ident!r} is not the target "
-                                    "of any stage; a Python transformation reads lake tables only: known tables "
-                                    f"{sorted(x.identifier for x in c.targets if x.kind == 'iceberg')}")
-                else:
-                    upstream.append(t.target_id)
+                upstream.extend(lake_table(ident, f"{where}.transformation.inputs[{i}]", "a Python transformation"))
         for u in upstream:
             graph.add_edge(u, st.target_id)
     asset_keys: dict[tuple[str, str], Any] = {}  # the Dagster asset key is [layer, table]
