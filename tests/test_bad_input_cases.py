@@ -164,6 +164,70 @@ def test_the_probe_passes_exactly_the_decimals_spark_reads(spark, tmp_path, fmt)
     assert sum(not r for _, r in verdicts.values()) >= 6
 
 
+DATETIME_TEXTS = [
+    "2024-01-01", "2024-1-1", "2024-01-01T00:00:00", "2024-01-01 00:00:00", "2024-01-01T00:00:00Z",
+    "2024-01-01T00:00:00+02:00", "2024-01-01T00:00:00.123456", "2024-01-01T00:00:00.1234567", "2024-01-01T00:00",
+    "2024-01-01T", " 2024-01-01 ", "20240101", "2024", "2024-01", "+2024-01-01", "-0044-03-15", "12024-01-01",
+    "1234567-01-01", "2024-13-01", "2024-02-30", "2023-02-29", "2024-02-29", "2024-01-01T24:00:00",
+    "2024-01-01T23:59:60", "2024-01-01T00:00:00 UTC", "2024-01-01T00:00:00 Europe/Paris",
+    "2024-01-01T00:00:00 Mars/Olympus", "2024-01-01T00:00:00GMT+01:00", "2024-01-01T00:00:00+1:00",
+    "2024-01-01T00:00:00PST", "2024-01-01T00:00:00+19:00", "2024-01-01T00:00:00z", "12:30:00", "T12:30:00",
+    "2024-01-01Tfoo", "2024/01/01", "01/01/2024", "abc", "2024-01-01T00:00:00.", "1700000000",
+    "2024-01-01T12:00:00.5+05:30", "2024-01-01 12:00:00 +05", "2024-01-01T00:00:00UTC+3", "-5", "+19000",
+    "2147483648", "1e3",
+]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_the_probe_passes_exactly_the_datetimes_spark_reads(spark, tmp_path, fmt):
+    """The probe's timestamp, timestamp_ntz and date checks against Spark's own JSON and CSV readers,
+    spelling by spelling (and JSON numbers, which only a timestamp takes). One PERMISSIVE read per
+    type marks each row Spark could not convert, with the conversions FAILFAST uses."""
+    # EXCEPTION (the default) fails the whole read, even PERMISSIVE, where the new parser refuses a text
+    # the pre-3.0 one took ("2024-13-01"); CORRECTED refuses the same texts row by row
+    policy = spark.conf.get("spark.sql.legacy.timeParserPolicy")
+    spark.conf.set("spark.sql.legacy.timeParserPolicy", "CORRECTED")
+    try:
+        verdicts = _datetime_verdicts(spark, tmp_path, fmt)
+    finally:
+        spark.conf.set("spark.sql.legacy.timeParserPolicy", policy)
+    wrong = {k: f"probe {p}, Spark {r}" for k, (p, r) in verdicts.items() if p != r}
+    assert wrong == {}
+    assert sum(r for _, r in verdicts.values()) >= 30  # both verdicts exercised for every type
+    assert sum(not r for _, r in verdicts.values()) >= 30
+
+
+def _datetime_verdicts(spark, tmp_path, fmt):
+    from pyspark.sql.types import DateType, StringType, StructField, StructType, TimestampNTZType, TimestampType
+
+    from lakehouse.ingest.probe import probe_file
+    from lakehouse.metadata.model import FileLimits
+
+    values = [json.dumps(t) for t in DATETIME_TEXTS]
+    if fmt == "jsonl":
+        values += ["1700000000", "-5", "1.5", "true", str(2**63 - 1), str(2**63)]
+    verdicts = {}
+    for dtype in (TimestampType(), TimestampNTZType(), DateType()):
+        path = tmp_path / f"{dtype.typeName()}.{fmt}"
+        if fmt == "jsonl":
+            path.write_text("".join(f'{{"i": "{i}", "v": {v}}}\n' for i, v in enumerate(values)))
+        else:
+            path.write_text("i,v\n" + "".join(f"{i},{v}\n" for i, v in enumerate(values)))
+        schema = StructType([StructField("i", StringType()), StructField("v", dtype), StructField("_bad", StringType())])
+        reader = spark.read.schema(schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", "_bad")
+        if fmt == "csv":
+            reader = reader.option("header", "true").option("escape", '"')
+        df = (reader.csv if fmt == "csv" else reader.json)(str(path))  # v as text: years Python cannot hold
+        rows = {r["i"]: r["_bad"] is None for r in df.select("i", df.v.cast("string"), "_bad").collect()}
+        assert len(rows) == len(values)
+        for i, v in enumerate(values):
+            one = tmp_path / f"one.{fmt}"
+            one.write_text(f'{{"v": {v}}}\n' if fmt == "jsonl" else f"v\n{v}\n")
+            probed = probe_file(one, fmt, limits=FileLimits(), expect={"v": dtype})
+            verdicts[(dtype.simpleString(), v)] = (probed.status == PROCESSED, rows[str(i)])
+    return verdicts
+
+
 def test_no_column_is_lost_even_one_file_per_commit(platform, tmp_path, unique_ns):
     """batch_files 1: the first file lacks event_type, later ones bring it, a nested struct, new
     nested fields and hostile names; the next run brings a new nested field to an existing table."""

@@ -11,7 +11,15 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pyspark.sql.types import DecimalType, DoubleType, IntegerType, LongType, TimestampType
+from pyspark.sql.types import (
+    DateType,
+    DecimalType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from lakehouse.ingest.files import EMPTY, PROCESSED, QUARANTINED, landing_root, list_local_files
 from lakehouse.ingest.limits import BoundedLines, LimitExceeded
@@ -82,6 +90,25 @@ def test_json_values_checked_against_the_tables_types(tmp_path):
     assert p.status == QUARANTINED and p.error == "line 1: column b: value 3000000000 cannot be read as int"
     p = probe_file(f, "jsonl", limits=L, expect={"c": DecimalType(3, 2)})
     assert p.status == QUARANTINED and "cannot be read as decimal(3,2)" in p.error
+
+
+def test_datetimes_are_checked_with_sparks_grammar(tmp_path):
+    """A zone or a JSON number cannot go into a timestamp_ntz column, Spark's lenient "2024-1-1" can,
+    and a JSON string of digits is a date (days since the epoch); test_bad_input_cases.py holds the
+    probe to Spark's own readers spelling by spelling."""
+    def verdict(value, dtype, fmt="jsonl"):
+        body = f'{{"v": {json.dumps(value)}}}\n' if fmt == "jsonl" else f"v\n{value}\n"
+        p = probe_file(write(tmp_path, f"x.{fmt}", body), fmt, limits=L, expect={"v": dtype})
+        assert p.status in (PROCESSED, QUARANTINED), p.error
+        return p.status == PROCESSED
+
+    ntz, ts, date = TimestampNTZType(), TimestampType(), DateType()
+    assert verdict("2024-01-01T10:00:00", ntz) and verdict("2024-1-1 1:2:3", ntz)
+    assert not verdict("2024-01-01T10:00:00Z", ntz) and not verdict(1700000000, ntz)
+    assert verdict("2024-01-01T10:00:00Z", ts) and verdict(1700000000, ts) and verdict("12:30:00", ts)
+    assert not verdict("2024-01-01T10:00:00 Mars/Olympus", ts) and not verdict("2024-02-30", ts)
+    assert verdict("20240101", date) and not verdict("20240101", date, "csv") and not verdict("2024/01/01", date)
+    assert verdict("-0044-03-15", date) and not verdict(19000, date)
 
 
 def test_quoted_decimals_are_read_as_spark_reads_them(tmp_path):

@@ -18,7 +18,6 @@ the file with the line and the column named, instead of failing the batch inside
 from __future__ import annotations
 
 import csv
-import datetime as dt
 import functools
 import gzip
 import io
@@ -29,6 +28,7 @@ from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+from lakehouse.ingest import spark_datetime
 from lakehouse.ingest.files import EMPTY, PROCESSED, QUARANTINED
 from lakehouse.ingest.limits import (
     CODEC_SUFFIXES,
@@ -403,9 +403,22 @@ def _fitter(dtype, text: bool = False):
         if text:
             return lambda s: s.strip().lower() in ("true", "false")
         return lambda v: type(v) is bool
-    if name in ("timestamp", "timestamp_ntz", "date"):
-        return lambda v: (type(v) is int and name != "date") or (isinstance(v, str) and _is_datetime_text(v))
+    if name in _DATETIME_TEXT:
+        readable = _DATETIME_TEXT[name]
+        if text:
+            return readable
+        if name == "timestamp":  # a JSON integer is seconds since the epoch, for this type only
+            bound = _INT_RANGES["long"]
+            return lambda v: (type(v) is int and -bound <= v < bound) or (type(v) is str and readable(v))
+        if name == "date":
+            readable = spark_datetime.readable_as_json_date
+        return lambda v: type(v) is str and readable(v)
     return None
+
+
+_DATETIME_TEXT = {"timestamp": spark_datetime.readable_as_timestamp,
+                  "timestamp_ntz": spark_datetime.readable_as_timestamp_ntz,
+                  "date": spark_datetime.readable_as_date}
 
 
 # java.math.BigDecimal's grammar: Spark's JSON and CSV readers parse a decimal given as text with it,
@@ -443,15 +456,6 @@ def _fits_decimal(precision: int, scale: int, v: Any) -> bool:
 def _is_float_text(s: str) -> bool:
     try:
         float(s)
-        return True
-    except ValueError:
-        return False
-
-
-def _is_datetime_text(s: str) -> bool:
-    s = s.strip()
-    try:
-        dt.datetime.fromisoformat(s[:-1] + "+00:00" if s.endswith("Z") else s)
         return True
     except ValueError:
         return False
