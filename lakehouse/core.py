@@ -245,9 +245,9 @@ class StageContext:
         self.current_batch: Batch | None = None  # the batch being written when an error happened
         self.adapter_for: Callable[[str], Any] | None = None  # lakehouse.sources.adapter_for
         self.reroute: Callable[[BaseException], Any] | None = None
-        # upstream tables handed in as asset inputs (the Dagster IO manager loads them at the run's
-        # pinned snapshots, lakehouse.pins): a SQL or Python stage reads these instead of reading again
-        self.upstream_frames: dict[str, DataFrame] = {}
+        # upstream tables handed in as asset inputs: loaders of the Dagster IO manager (reading the
+        # run's pinned snapshots, lakehouse.pins), called only when a SQL or Python stage reads them
+        self.upstream_frames: dict[str, Callable[[], DataFrame]] = {}
 
     @property
     def source(self) -> Source | None:

@@ -100,11 +100,11 @@ def pin_upstream(ctx: StageContext, plan: ExtractPlan, identifiers: list[str]) -
 
 
 def upstream_frames(ctx: StageContext, plan: ExtractPlan) -> dict[str, DataFrame]:
-    """identifier -> DataFrame of each pinned upstream: the asset input the IO manager loaded
-    (`ctx.upstream_frames`, same pin), else read here at the pinned snapshot."""
+    """identifier -> DataFrame of each pinned upstream: the asset input's loader (the IO manager's,
+    `ctx.upstream_frames`, same pin), else read here at the pinned snapshot."""
     overrides = plan.details.get("table_overrides", {})  # an unavailable upstream read from its replica
     out = {}
     for ident, snap in plan.upstream_snapshots.items():
-        given = ctx.upstream_frames.get(ident.lower())
-        out[ident] = given if given is not None else read_pinned(ctx.platform, ident, snap, overrides.get(ident))
+        load = ctx.upstream_frames.get(ident.lower())
+        out[ident] = load() if load is not None else read_pinned(ctx.platform, ident, snap, overrides.get(ident))
     return out

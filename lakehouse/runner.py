@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from lakehouse import coordination
 from lakehouse.control import faults
@@ -36,13 +37,23 @@ from lakehouse.lineage.datahub import emit_stage_run
 from lakehouse.lineage.recovery import Reroute, extract_with_recovery, reroute
 from lakehouse.platform import Platform
 from lakehouse.sources import adapter_for
-from lakehouse.wap_service import WriteAuditPublish, require_enabled
+from lakehouse.wap_service import Audited, WriteAuditPublish, require_enabled
 
 # the names callers have always imported from here
 __all__ = ["AuditFailed", "Batch", "DatasetDisabled", "ExtractPlan", "Platform", "StageDisabled", "StageOutcome",
-           "StageRunner"]
+           "StageRunner", "StagedLoad"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class StagedLoad:
+    """A stage's load between its audit and its publish (`StageRunner.write_and_audit` → `publish`):
+    `audited` None when there is nothing to publish (skipped; `outcome` says why)."""
+
+    plan: ExtractPlan
+    outcome: StageOutcome
+    audited: Audited | None = None
 
 
 class StageRunner(StageContext):
@@ -103,27 +114,52 @@ class StageRunner(StageContext):
         return adapter_for(plan.kind).batches(self, plan)
 
     def load(self, plan: ExtractPlan) -> StageOutcome:
-        """Write every batch to the run's audit branch, validate it, then publish to main.
+        """Write every batch to the run's audit branch, validate it, then publish to main."""
+        return self.publish(self.write_and_audit(plan))
+
+    def write_and_audit(self, plan: ExtractPlan) -> StagedLoad:
+        """The first half of `load`: every batch on the run's audit branch, the rules evaluated there
+        (`outcome.checks`); main untouched. A failed blocking rule raises AuditFailed (branch kept).
+        The Dagster load op runs this, reports the rules, and yields its output only when they
+        passed: the IO manager's `publish` of it is then the asset's materialization.
 
         Runs under self-healing (lakehouse.control.healing): a matched error is resolved and the
-        load restarts from a fresh audit branch in the same step; the trail lands in audit_log and
+        write restarts from a fresh audit branch in the same step; the trail lands in audit_log and
         in the materialization metadata.
         """
         try:
             if plan.kind == SKIPPED:  # the extract skipped it (source/target off): re-check before any I/O
                 require_enabled(self, "before load")
             # the Spark work of each attempt is cancelled past the step's timeout (never a hung run)
-            outcome = run_with_healing(self, "load", lambda: guard_step(self, "load", lambda: self._load(plan)))
+            return run_with_healing(self, "load", lambda: guard_step(self, "load", lambda: self._stage(plan)))
+        except DatasetDisabled as exc:  # switched off: nothing reaches main, the step is skipped
+            return StagedLoad(plan, self.wap().skip_disabled(str(exc)))
+        except BaseException:  # the step ends here: its claims and the lease with it
+            coordination.release_lease(self.platform, self.run_id, self.target.identifier)
+            raise
+
+    def publish(self, staged: StagedLoad) -> StageOutcome:
+        """The second half of `load`: the kill switch read again, then the exactly-once publish (and
+        the remainder written, audited and published again when another run published part of the
+        input meanwhile). A healed error here starts the load over from a fresh audit branch, as one
+        healing scope over the whole load always did."""
+        pending = [staged]
+
+        def attempt() -> StageOutcome:
+            return self._publish(pending.pop() if pending else self._stage(staged.plan))
+
+        try:
+            outcome = run_with_healing(self, "load", lambda: guard_step(self, "load", attempt))
         except DatasetDisabled as exc:  # switched off in flight: nothing reaches main, the step is skipped
             return self.wap().skip_disabled(str(exc))
         finally:  # claims and the lease end with the step, whatever happened
             coordination.release_lease(self.platform, self.run_id, self.target.identifier)
-        outcome.extra.update({k: v for k, v in plan.details.items() if k.startswith("extract_heal")})
+        outcome.extra.update({k: v for k, v in staged.plan.details.items() if k.startswith("extract_heal")})
         if self.healing.events or self.healing.total_attempts:
             outcome.extra.update(self.healing.summary())
         return outcome
 
-    def _load(self, plan: ExtractPlan) -> StageOutcome:
+    def _stage(self, plan: ExtractPlan) -> StagedLoad:
         t0 = time.monotonic()
         tables = self.platform.tables()
         branch = branch_name_for_run(self.run_id)
@@ -140,12 +176,20 @@ class StageRunner(StageContext):
             outcome.published = True
             outcome.snapshot_id = tables.snapshot_id(self.target.identifier) if tables.exists(self.target.identifier) else None
             outcome.duration_s = time.monotonic() - t0
-            return outcome
+            return StagedLoad(plan, outcome)
         self.audit("stage_started", details={"plan": plan.details, "kind": plan.kind})
-        plan = self.wap().write_exactly_once(plan, self.input_batches, outcome, t0)
-        if plan is not None:
-            self._after_publish(plan, outcome)
-        return outcome
+        audited = self.wap().write_and_audit(self.input_batches(plan), outcome=outcome, started=t0,
+                                             since=plan.main_at_plan)
+        return StagedLoad(plan, outcome, audited)
+
+    def _publish(self, staged: StagedLoad) -> StageOutcome:
+        if staged.audited is None:  # nothing to publish (skipped)
+            return staged.outcome
+        published = self.wap().write_exactly_once(staged.plan, self.input_batches, staged.outcome,
+                                                  staged.audited.started, audited=staged.audited)
+        if published is not None:
+            self._after_publish(published, staged.outcome)
+        return staged.outcome
 
     def wap(self, *, quarantine: bool = True) -> WriteAuditPublish:
         """The write-audit-publish service for this step (lakehouse.wap_service)."""

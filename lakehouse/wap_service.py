@@ -7,7 +7,9 @@ stream of `Batch`es. For each of them the same guarantees hold, in this order:
 1. each batch is one commit on the run's audit branch `audit_<run_id>` (its file checkpoints ride
    in the snapshot summary), after the source/target throttles; rows failing a quarantine rule go
    to the quarantine table's branch (`lakehouse.validation.wap.AuditedWrite` does the writing);
-2. the rules run on the branch; a failed blocking rule keeps the branch and raises `AuditFailed`;
+2. the rules run on the branch; a failed blocking rule keeps the branch and raises `AuditFailed`
+   (steps 1–2 are `write_and_audit`, 3–4 `publish`: a caller may report the rules in between, as
+   the Dagster load op does before its output reaches the IO manager that publishes it);
 3. the kill switch is read again, immediately before the publish (under self-healing, so a commit
    conflict is refreshed and published again, never rewritten);
 4. the publish is exactly once (`lakehouse.publish`): input another run already put on main is
@@ -22,6 +24,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from lakehouse import alerts, coordination
 from lakehouse.branches import drop_branch_and_commits, keep_failed_audit, tidy_before_write
@@ -40,6 +43,16 @@ from lakehouse.validation.wap import AuditedWrite
 
 #: how often one load writes the remainder again when other runs keep publishing the same input
 MAX_REWRITES = 8
+
+
+@dataclass
+class Audited:
+    """A write that passed its audit and awaits `WriteAuditPublish.publish`: its branch session
+    (None: nothing was written, the outcome says why) and the outcome so far."""
+
+    session: AuditedWrite | None
+    outcome: StageOutcome
+    started: float
 
 
 def require_enabled(ctx: StageContext, when: str) -> None:
@@ -118,16 +131,21 @@ class WriteAuditPublish:
 
     # ------------------------------------------------------------------ exactly once
     def write_exactly_once(self, plan: ExtractPlan, batches_for: Callable[[ExtractPlan], Iterable[Batch]],
-                           outcome: StageOutcome, started: float) -> ExtractPlan | None:
-        """`run` over the plan's batches; when the publish finds part of the input already on main
-        (another run), write the remainder (the adapter's `remainder`) again on a fresh branch, or
-        publish nothing. Returns the plan that was published (None: nothing of it was)."""
+                           outcome: StageOutcome, started: float, audited: Audited | None = None) -> ExtractPlan | None:
+        """`run` over the plan's batches (`audited`: they are written and audited already); when the
+        publish finds part of the input already on main (another run), write the remainder (the
+        adapter's `remainder`) again on a fresh branch, audit and publish it, or publish nothing.
+        Returns the plan that was published (None: nothing of it was)."""
         ctx = self.ctx
         for _ in range(MAX_REWRITES):
             try:
-                self.run(batches_for(plan), outcome=outcome, started=started, since=plan.main_at_plan)
+                if audited is None:
+                    audited = self.write_and_audit(batches_for(plan), outcome=outcome, started=started,
+                                                   since=plan.main_at_plan)
+                self.publish(audited)
                 return None if outcome.skipped_reason else plan
             except Superseded as sup:
+                audited = None
                 self.drop_own_branches()
                 overlap = sup.result.overlap
                 if overlap is not None:
@@ -161,6 +179,12 @@ class WriteAuditPublish:
         the publish can tell what other runs committed meanwhile; "now" when there was no plan.
         Raises lakehouse.publish.Superseded when some of the input is already on main.
         """
+        return self.publish(self.write_and_audit(batches, outcome=outcome, started=started, since=since))
+
+    def write_and_audit(self, batches: Iterable[Batch], *, outcome: StageOutcome | None = None,
+                        started: float | None = None, since: int | None | str = "now") -> Audited:
+        """Batches → audit branch → rules on the branch (`outcome.checks`); nothing reaches main.
+        A failed blocking rule raises AuditFailed (branch kept); see `run` for `since`."""
         ctx = self.ctx
         t0 = started if started is not None else time.monotonic()
         tables = ctx.platform.tables()
@@ -192,12 +216,20 @@ class WriteAuditPublish:
             outcome.skipped_reason = "no readable input"
             outcome.published = True
             outcome.duration_s = time.monotonic() - t0
-            return outcome
+            return Audited(None, outcome, t0)
         outcome.checks = session.audit()
         self.record_checks(outcome.checks)
         failures = [c for c in outcome.checks if c.blocking_failure]
         if failures:
             raise self._audit_failed(session, outcome, failures, t0)
+        return Audited(session, outcome, t0)
+
+    def publish(self, audited: Audited) -> StageOutcome:
+        """Kill switch → exactly-once publish of an audited write (Superseded: part of its input is
+        on main already)."""
+        ctx, session, outcome, t0 = self.ctx, audited.session, audited.outcome, audited.started
+        if session is None:
+            return outcome
 
         def publish():
             require_enabled(ctx, "before publish")  # re-checked on every healing retry too

@@ -21,19 +21,21 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import dagster as dg
 
 from lakehouse.control.retry import retry_exception
+from lakehouse.core import AuditFailed
 from lakehouse.metadata.assets import pipeline_paths
 from lakehouse.metadata.derive import StageDerivation
 from lakehouse.metadata.derived import Structure
 from lakehouse.metadata.model import MetadataCatalog, Stage
-from lakehouse.runner import StageDisabled, StageRunner
+from lakehouse.runner import StageRunner
 from lakehouse.throughput.profiles import op_priority
 from lakehouse.validation import CheckOutcome
 from lakehouse_assets.preflight import preflight
-from resources.io_manager import StageWrite
+from resources.io_manager import LAZY, StageWrite, audit_failure, step_errors
 
 KINDS_BY_SOURCE = {"files": "file", "s3": "s3", "jdbc": "postgres", "iceberg": "iceberg"}
 STAGE_KINDS = ("spark", "iceberg")
@@ -137,7 +139,6 @@ class _Step:
     key: dg.AssetKey
     pipeline_id: str
     stage_name: str
-    target_identifier: str
     spec_names: frozenset[str]
     input_tables: tuple[tuple[str, str], ...] = ()  # (load op input, lake table) of upstream stages' tables
 
@@ -163,28 +164,24 @@ class _Extract:
     def __call__(self, context, inputs) -> Iterator:
         step = self.step
         runner = step.runner(context)
-        try:
+        with step_errors(lambda exc: step.retry(runner, context, exc, "extract")):
             plan = runner.extract()
-        except StageDisabled as exc:
-            raise dg.Failure(description=str(exc)) from exc
-        except Exception as exc:  # unhealed: the stage's retry policy (read now) decides
-            retry = step.retry(runner, context, exc, "extract")
-            if retry is None:
-                raise
-            raise retry from exc
         context.log.info(f"{step.key.to_user_string()}: plan {plan.kind} {plan.details or ''}"
                          + (f" — skipped: {plan.skipped_reason}" if plan.skipped_reason else ""))
         yield dg.Output(plan, "result")
 
 
 class _Load:
-    """The load op's body: hand the stage's input to the IO manager, then report its rules.
+    """The load op's body: write and audit on the branch, report the rules, then hand the audited
+    write to the IO manager, which publishes it.
 
-    The upstream tables arrive as inputs (the IO manager loaded them at the run's pinned
-    snapshots) and are given to the stage's SQL or Python. The write itself happens in
-    `IcebergIOManager.handle_output`, synchronously while this generator waits at its `yield
-    Output` (Dagster stores an output before it resumes the op); the asset check results must come
-    from the op, so they are yielded after it, from what the write recorded on the `StageWrite`."""
+    The rules are evaluated before the output exists, so a failed blocking rule fails the step with
+    its check results and no output at all: Dagster records no materialization (main is untouched,
+    the audit branch kept). When they pass, `IcebergIOManager.handle_output` publishes while this
+    generator waits at its `yield Output` (Dagster stores an output before it resumes the op), and
+    the check results follow the materialization, from the final outcome (a remainder written
+    again is audited again). The upstream tables arrive as loaders (the IO manager's, at the run's
+    pinned snapshots), called only if the stage's SQL or Python runs."""
 
     def __init__(self, step: _Step):
         self.step = step
@@ -193,29 +190,26 @@ class _Load:
         step, key = self.step, self.step.key
         runner = step.runner(context)  # the check is cached: a re-executed load checks too
         runner.upstream_frames = {ident: inputs[name] for name, ident in step.input_tables}
-        write = StageWrite(runner, inputs["plan"],
-                           retry=lambda exc: step.retry(runner, context, exc, "load"))
-        yield dg.Output(write, "result")  # the IO manager writes, audits and publishes it here
-        if write.audit_failed is not None:
-            exc = write.audit_failed
-            for o in exc.outcomes:
-                if o.rule.name in step.spec_names:
-                    yield check_result(key, o)
-            raise dg.Failure(description=str(exc), metadata={
-                "dataset": step.target_identifier, "stage": f"{step.pipeline_id}.{step.stage_name}",
-                "audit_branch": exc.branch,
-                "failed_rules": ", ".join(o.rule.name for o in exc.outcomes if o.blocking_failure),
-                "next_step": f"lakehouse branches show {step.target_identifier} {exc.branch}"})
+        retry = partial(step.retry, runner, context, phase="load")
+        try:
+            with step_errors(retry):
+                staged = runner.write_and_audit(inputs["plan"])
+        except AuditFailed as exc:  # the failed checks, then the failure: no output, no materialization
+            yield from self.results(exc.outcomes)
+            raise audit_failure(runner, exc) from exc
+        write = StageWrite(runner, staged, retry=retry)
+        yield dg.Output(write, "result")  # the IO manager publishes it here
         outcome = write.outcome
-        reported = set()
-        for o in outcome.checks:
-            if o.rule.name in step.spec_names:
-                reported.add(o.rule.name)
-                yield check_result(key, o)
+        reported = {o.rule.name for o in outcome.checks}
+        yield from self.results(outcome.checks)
         for name in sorted(step.spec_names - reported):  # nothing new to audit (skipped run): say so, no fake pass
             yield dg.AssetCheckResult(asset_key=key, check_name=name, passed=True,
                                       metadata={"message": outcome.skipped_reason or "rule disabled"},
                                       description=f"not evaluated: {outcome.skipped_reason or 'rule disabled'}")
+
+    def results(self, outcomes: list[CheckOutcome]) -> Iterator[dg.AssetCheckResult]:
+        """The asset check results of the stage's checks among `outcomes`."""
+        return (check_result(self.step.key, o) for o in outcomes if o.rule.name in self.step.spec_names)
 
 
 def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
@@ -233,7 +227,7 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
     # upstream stages' tables are real inputs of the load op (loaded by the IO manager); every dep,
     # external sources included, orders the extract (Nothing: it pins, it reads nothing through Dagster)
     tables_in = tuple((n, ident) for n, ident in zip(input_names, upstream.values(), strict=True) if ident)
-    step = _Step(key, stage.pipeline_id, stage.stage_name, target.identifier, frozenset(s.name for s in specs),
+    step = _Step(key, stage.pipeline_id, stage.stage_name, frozenset(s.name for s in specs),
                  tables_in)
     op_tags = {"lakehouse/pipeline": stage.pipeline_id, "lakehouse/stage": stage.stage_name,
                # added to the run's (profile-driven) priority when a step claims a pool slot
@@ -253,7 +247,7 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
     )
     load = dg.OpDefinition(
         name=f"{base}__load",
-        ins={"plan": dg.In(), **{n: dg.In() for n, _ in tables_in}},
+        ins={"plan": dg.In(), **{n: dg.In(metadata={LAZY: True}) for n, _ in tables_in}},
         outs={"result": dg.Out(io_manager_key="iceberg_io_manager"),
               **{n: dg.Out(is_required=False) for n in check_outs}},
         compute_fn=_Load(step),

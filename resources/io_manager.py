@@ -1,53 +1,89 @@
-"""The Iceberg IO manager for PySpark DataFrames: every stage output is written through it.
+"""The Iceberg IO manager for PySpark DataFrames: every stage output is published through it.
 
-Outputs. A stage's load op yields a `StageWrite`: the stage's input as a stream of batches (the
-plan its extract made; each batch one commit carrying its file checkpoints) and the step's
-context. `handle_output` runs, synchronously while the op waits at its `yield`, the stage's load:
-the one write-audit-publish service (`lakehouse.wap_service`: audit branch, rules, quarantine,
-throttle, healing, the kill switch re-read, the exactly-once publish) and the after-publish
-bookkeeping. It records the outcome on the `StageWrite`; the op then yields the rules' outcomes
-as asset check results (an IO manager cannot emit those). A plain DataFrame written to a
-stage's table (an asset of user code) goes through the same service as one batch.
+Outputs. A stage's load op first writes its input to the run's audit branch and evaluates the
+stage's rules there (`StageRunner.write_and_audit`, the first half of the one write-audit-publish
+service, `lakehouse.wap_service`), and reports them as asset check results. A failed blocking
+rule fails the step right there, before any output: no materialization, main untouched, the audit
+branch kept. Otherwise the op yields a `StageWrite` (the audited write and the step's context) and
+`handle_output` publishes it (`StageRunner.publish`: the kill switch read again, the exactly-once
+publish, the after-publish bookkeeping); the materialization Dagster records then is the publish.
+A plain DataFrame written to a stage's table (an asset of user code) goes through the same service
+as one batch.
 
-A batch stream rather than one DataFrame: a file stage writes one commit per batch with that
-batch's checkpoints, and the exactly-once publish may have to write only the remainder of the
-input again; one DataFrame of everything would lose both.
+The input stays a batch stream up to the publish rather than one DataFrame: a file stage writes
+one commit per batch with that batch's checkpoints, and the exactly-once publish may have to write
+(and audit) only the remainder of the input again; one DataFrame of everything would lose both.
 
-Inputs. A downstream stage receives each upstream table as a Spark DataFrame of `main` at the
-snapshot the run pinned (`lakehouse.pins`; pinned when the stage's extract planned, first pin of
-a table in a run wins), never at whatever `main` is when the input is loaded, and never an
-unaudited branch.
+Inputs. A downstream stage receives each upstream table at the snapshot the run pinned
+(`lakehouse.pins`; pinned when the stage's extract planned, first pin of a table in a run wins),
+never at whatever `main` is when the input is loaded, and never an unaudited branch. The stage
+load op's inputs (`In` metadata `LAZY`) are loaders, read only when the stage's SQL or Python runs:
+a load that a kill switch skips starts no Spark for them. Any other consumer gets a DataFrame.
+The run's id (whose pins apply) comes from the resource's set-up for the run
+(`setup_for_execution`), Dagster's public way for a resource to know its run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import dagster as dg
+from pydantic import PrivateAttr
 
 from lakehouse import pins
-from lakehouse.core import AuditFailed, Batch, ExtractPlan, StageDisabled, StageOutcome
+from lakehouse.core import AuditFailed, Batch, StageDisabled, StageOutcome
 from lakehouse.metadata.model import MetadataCatalog, Stage, Target
-from lakehouse.runner import StageRunner
+from lakehouse.runner import StagedLoad, StageRunner
 from resources.lakehouse import LakehouseResource
 from resources.spark import LakehouseSparkResource
+
+#: `In` metadata of an input that the IO manager hands over as a loader (read when called), not a DataFrame
+LAZY = "lakehouse/lazy"
 
 
 @dataclass
 class StageWrite:
-    """A stage's output as its load op hands it to the IO manager, and what became of it.
+    """A stage's audited write as its load op hands it to the IO manager, and what became of it.
 
     `retry(exc)`: the stage's retry policy, read when the error happens (a RetryRequested, or None
-    to fail). After `handle_output`: `outcome` (published or skipped), or `audit_failed` (main
-    unchanged, branch kept; the op reports the failed checks and fails the step)."""
+    to fail). After `handle_output`: `outcome` (published or skipped)."""
 
     runner: StageRunner
-    plan: ExtractPlan
+    staged: StagedLoad
     retry: Callable[[Exception], BaseException | None] = field(default=lambda exc: None)
     outcome: StageOutcome | None = None
-    audit_failed: AuditFailed | None = None
+
+
+@contextmanager
+def step_errors(retry: Callable[[Exception], BaseException | None]) -> Iterator[None]:
+    """How a stage step's errors reach Dagster, in its ops and in `handle_output` alike: a failed
+    audit passes as is (the caller reports it), a kill switch fails the step, any other unhealed
+    error goes to the stage's retry policy (read now: a RetryRequested, or the error itself)."""
+    try:
+        yield
+    except AuditFailed:
+        raise
+    except StageDisabled as exc:
+        raise dg.Failure(description=str(exc)) from exc
+    except Exception as exc:
+        retry_request = retry(exc)
+        if retry_request is None:
+            raise
+        raise retry_request from exc
+
+
+def audit_failure(runner: StageRunner, exc: AuditFailed) -> dg.Failure:
+    """The step's failure for a failed blocking rule: what failed, where the data is, what to do."""
+    ident = runner.target.identifier
+    return dg.Failure(description=str(exc), metadata={
+        "dataset": ident, "stage": f"{runner.stage.pipeline_id}.{runner.stage.stage_name}",
+        "audit_branch": exc.branch,
+        "failed_rules": ", ".join(o.rule.name for o in exc.outcomes if o.blocking_failure),
+        "next_step": f"lakehouse branches show {ident} {exc.branch}"})
 
 
 def stage_for_key(catalog: MetadataCatalog, key: dg.AssetKey) -> tuple[Stage, Target]:
@@ -63,17 +99,14 @@ def stage_for_key(catalog: MetadataCatalog, key: dg.AssetKey) -> tuple[Stage, Ta
                    "writes stage tables only")
 
 
-def _run_id(context: dg.InputContext) -> str | None:
-    """The run loading the input (whose pins apply); None outside a run."""
-    try:
-        return context.step_context.run_id  # no public accessor on InputContext
-    except Exception:  # noqa: BLE001 - a context built outside a run has no step
-        return None
-
-
 class IcebergIOManager(dg.ConfigurableIOManager):
     lakehouse: LakehouseResource  # the platform, as every asset gets it (the code location's one resource)
     pyspark: LakehouseSparkResource
+    _run_id: str | None = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        """Remember the run this resource serves: its pins apply to every input it loads."""
+        self._run_id = context.run.run_id if context.run is not None else None
 
     # ------------------------------------------------------------------ outputs
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
@@ -88,20 +121,13 @@ class IcebergIOManager(dg.ConfigurableIOManager):
         self._write_frame(context, obj)
 
     def _write_stage(self, context: dg.OutputContext, write: StageWrite) -> None:
+        """Publish the audited write; a remainder written again (another run published part of the
+        input meanwhile) that fails its audit fails the step here, before any materialization."""
         try:
-            outcome = write.runner.load(write.plan)
-        except AuditFailed as exc:  # the op yields the failed checks, then fails the step
-            write.audit_failed = exc
-            context.add_output_metadata({"table": write.runner.target.identifier, "published": False,
-                                         "audit_branch": exc.branch, "snapshot_id": "none"})
-            return
-        except StageDisabled as exc:
-            raise dg.Failure(description=str(exc)) from exc
-        except Exception as exc:  # unhealed: the stage's retry policy (read now) decides
-            retry = write.retry(exc)
-            if retry is None:
-                raise
-            raise retry from exc
+            with step_errors(write.retry):
+                outcome = write.runner.publish(write.staged)
+        except AuditFailed as exc:
+            raise audit_failure(write.runner, exc) from exc
         write.outcome = outcome
         context.add_output_metadata(outcome.metadata())
 
@@ -118,7 +144,12 @@ class IcebergIOManager(dg.ConfigurableIOManager):
     def load_input(self, context: dg.InputContext):
         platform = self.lakehouse.platform()
         ident = stage_for_key(platform.catalog(), context.asset_key)[1].identifier.lower()
-        run_id = _run_id(context)
+        read = partial(self._read_pinned, platform, ident, context.log)
+        return read if (context.definition_metadata or {}).get(LAZY) else read()
+
+    def _read_pinned(self, platform, ident: str, log) -> Any:
+        """`ident` at the run's pin (pinned now, for the rest of the run, if nothing pinned it yet)."""
+        run_id = self._run_id
         pin = pins.pinned(platform, run_id, ident) if run_id else pins.NOT_PINNED
         if pin is pins.NOT_PINNED:  # nothing of this run read it yet: pin it now, for the rest of the run
             tables = platform.tables()
@@ -126,5 +157,5 @@ class IcebergIOManager(dg.ConfigurableIOManager):
             if run_id:
                 snap = pins.record(platform, run_id, {ident: snap})[ident]
             pin = {"snapshot_id": snap, "table": ident}
-        context.log.info(f"{ident}: read at snapshot {pin['snapshot_id']} (pinned by run {run_id})")
+        log.info(f"{ident}: read at snapshot {pin['snapshot_id']} (pinned by run {run_id})")
         return pins.read_pinned(platform, ident, pin["snapshot_id"], pin["table"], spark=self.pyspark.spark_session)

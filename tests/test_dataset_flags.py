@@ -136,3 +136,34 @@ def test_target_disabled_mid_run_means_no_commit_after_the_flip(demo, spark, mon
     lines = [ln for p in sorted(landing.glob("*.jsonl")) for ln in p.read_text().splitlines()]
     expected = len(lines) - sum('"event_id":null' in ln for ln in lines)  # no-id rows are quarantined
     assert cat.load_table("bronze.user_events").scan().to_arrow().num_rows == expected
+
+
+GOLD = dg.AssetKey(["gold", "daily_user_events"])
+
+
+def test_killed_sql_stage_skips_before_loading_its_inputs(demo, monkeypatch):
+    """A SQL stage whose target is switched off is skipped by its load op before its upstream
+    table is read: the IO manager hands the op loaders, not DataFrames, so the skip starts no JVM
+    (this fast test fails by name if anything in the run starts one)."""
+    import pyarrow as pa
+
+    from lakehouse_assets.definitions import build_definitions
+
+    monkeypatch.setenv("LAKEHOUSE_SPARK_WARMUP", "0")
+    cat = demo.pyiceberg_catalog()  # the upstream exists (the pre-run check wants it), written by PyIceberg
+    cat.create_namespace_if_not_exists("silver")
+    cat.create_table("silver.user_events", pa.schema([("event_ts", pa.timestamp("us", tz="UTC")),
+                                                      ("user_id", pa.string())]))
+    demo.store.set_enabled("target", "gold_daily_user_events", False, by="test")
+    job = build_definitions(demo).resolve_implicit_global_asset_job_def()
+    result = job.execute_in_process(instance=dg.DagsterInstance.ephemeral(), asset_selection=[GOLD],
+                                    raise_on_error=False)
+    assert result.success  # skipped, not failed
+    loaded = [e for e in result.all_events if e.event_type_value == "LOADED_INPUT"]
+    # silver.user_events is a real input of the load op, loaded by the IO manager (as a loader)
+    assert [e.event_specific_data.input_name for e in loaded
+            if e.event_specific_data.manager_key == "iceberg_io_manager"] == ["up_0"]
+    md = result.get_asset_materialization_events()[0].materialization.metadata
+    assert "target 'gold_daily_user_events' is disabled" in md["skipped_reason"].value
+    stops = [e for e in demo.store.audit_entries(event="kill_switch") if e.run_id == result.run_id]
+    assert [e.outcome for e in stops] == ["skipped", "skipped"]  # before extract, and again before load

@@ -88,3 +88,55 @@ def test_upstream_input_is_read_at_the_runs_pin_after_main_moved(platform, tmp_p
     cat = pyiceberg(platform)
     summary = cat.load_table("gold.big_orders").current_snapshot().summary
     assert str(pinned_at) in (summary.additional_properties.get("lakehouse.upstream") or "")
+
+
+def test_failed_blocking_audit_is_no_materialization(platform, tmp_path):
+    """A failed blocking rule fails the load op before its output exists: the instance's event log
+    holds the failed check evaluation and no materialization of the asset, main is unchanged and the
+    audit branch is kept. A passing audit materializes once, with its checks after (and about) it."""
+    from dagster import DagsterEventType
+    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+
+    from lakehouse.iceberg import branch_name_for_run
+
+    apply_rules(platform, tmp_path, RULES, base=PYTHON_STAGE)
+    land_customers(platform)
+    land(platform, "orders", "b1", [order(1, amount=25.0)])
+    instance, job = dg.DagsterInstance.ephemeral(), _job(platform)
+    bronze = dg.AssetKey(["bronze", "orders"])
+    check = dg.AssetCheckKey(bronze, "id_present")
+
+    def events(run_id, kind):
+        entries = [r.event_log_entry for r in instance.get_records_for_run(run_id, of_type=kind).records]
+        return [e for e in entries if bronze in (e.dagster_event.asset_key,
+                                                 getattr(e.dagster_event.event_specific_data, "asset_key", None))]
+
+    good = job.execute_in_process(instance=instance)
+    assert good.success
+    [mat] = events(good.run_id, DagsterEventType.ASSET_MATERIALIZATION)
+    [passed] = events(good.run_id, DagsterEventType.ASSET_CHECK_EVALUATION)
+    evaluation = passed.dagster_event.event_specific_data
+    assert evaluation.passed and evaluation.target_materialization_data.run_id == good.run_id
+    assert passed.timestamp >= mat.timestamp  # the check reports on the materialization it follows
+    before = main_snapshot(platform, "bronze.orders")
+
+    land(platform, "orders", "b2", [order(None, amount=30.0)])  # an order without id: id_present fails
+    bad = job.execute_in_process(instance=instance, raise_on_error=False)
+    assert not bad.success
+    assert events(bad.run_id, DagsterEventType.ASSET_MATERIALIZATION) == []
+    assert [r.run_id for r in instance.fetch_materializations(bronze, limit=10).records] == [good.run_id]
+    [failed] = [e.dagster_event.event_specific_data for e in events(bad.run_id, DagsterEventType.ASSET_CHECK_EVALUATION)]
+    assert (failed.check_name, failed.passed, failed.severity, failed.blocking) == (
+        "id_present", False, dg.AssetCheckSeverity.ERROR, True)
+    # what the asset-check dashboard reads: the latest execution of the check failed, in the bad run,
+    # against the asset's latest materialization (the good run's: what main still holds)
+    [latest] = instance.event_log_storage.get_asset_check_execution_history(check, limit=1)
+    assert (latest.run_id, latest.status) == (bad.run_id, AssetCheckExecutionRecordStatus.FAILED)
+    assert failed.target_materialization_data.run_id == good.run_id
+    [step_failure] = [e for e in bad.all_events if e.event_type_value == "STEP_FAILURE"]
+    branch = branch_name_for_run(bad.run_id)
+    assert step_failure.step_key.endswith("orders__load")
+    assert step_failure.event_specific_data.error_display_string.count("id_present") >= 1
+    assert main_snapshot(platform, "bronze.orders") == before  # main untouched
+    assert branch in pyiceberg(platform).load_table("bronze.orders").metadata.refs  # the audit branch kept
+    assert sorted(r["order_id"] for r in rows_of(platform, "bronze.orders")) == [1]
