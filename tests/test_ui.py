@@ -144,6 +144,10 @@ def test_failed_run_names_dataset_stage_rule_and_next_step(page, dagster_dev):
                                           r"blocking rule\(s\) known_event_type")).first
     expect(message).to_be_attached()
     expect(page.get_by_text(re.compile(r"lakehouse branches show silver\.user_events")).first).to_be_attached()
+    # the audit failed before the stage's output existed: the run materialized no silver/user_events
+    data = dagster_dev.graphql("query($k: AssetKeyInput!) { assetOrError(assetKey: $k) { ... on Asset { "
+                               "assetMaterializations(limit: 5) { runId } } } }", {"k": {"path": ["silver", "user_events"]}})
+    assert run["runId"] not in {m["runId"] for m in data["assetOrError"]["assetMaterializations"]}
 
 
 def test_asset_checks_listed_with_last_results(page, dagster_dev):
