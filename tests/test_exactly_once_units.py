@@ -28,7 +28,7 @@ from lakehouse.iceberg import IcebergTables
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.publish import _fast_forward, publish_branch
 from lakehouse.runner import Platform
-from tests.fixtures.local_http import free_port
+from tests.fixtures.net import free_port
 
 SCHEMA = pa.schema([pa.field("id", pa.int64())])
 

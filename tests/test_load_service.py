@@ -25,7 +25,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore
 from tests.fixtures.dagster_daemon import SLOW_MACHINE_ENV, DagsterDaemon, write_instance_config
-from tests.fixtures.local_http import free_port
+from tests.fixtures.net import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(2400)]
 

@@ -16,7 +16,8 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
 from lakehouse.demo import expected_daily
-from tests.fixtures.dagster_dev import REPO, free_port, lakehouse_cli, platform_env, stop_process_group
+from tests.fixtures.dagster_dev import REPO, lakehouse_cli, platform_env, stop_process_group
+from tests.fixtures.net import free_port
 
 pytestmark = [pytest.mark.slow]
 
