@@ -168,14 +168,8 @@ def drop_branch_and_commits(tables: IcebergTables, ident: str, branch: str) -> i
     exclusive = [s for s in _walk_parents(parents, refs[branch]) if s not in others]
     retry_metadata_commit(tables, ident, lambda: tables.drop_branch(ident, branch))
     if exclusive:
-        spark = tables.spark
-        jvm = spark.sparkContext._jvm
-        action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession) \
-            .expireSnapshots(tables.java_table(ident)).expireOlderThan(1)  # keep everything else
-        for sid in exclusive:
-            action = action.expireSnapshotId(int(sid))
         try:
-            retry_metadata_commit(tables, ident, action.execute)
+            retry_metadata_commit(tables, ident, lambda: tables.expire_snapshots(ident, exclusive))
         except Exception as exc:  # noqa: BLE001 - the ref is gone; the files wait for the orphan sweep
             log.warning("%s: dropped %s but could not expire its %d commit(s): %s", ident, branch, len(exclusive),
                         str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)

@@ -296,6 +296,20 @@ class IcebergTables:
         return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(self.spark._jsparkSession,
                                                                          self.qualified(identifier))
 
+    def refresh_table(self, identifier: str) -> None:
+        """Forget Spark's cached metadata of the table (before retrying a commit that conflicted)."""
+        self.spark.catalog.refreshTable(self.qualified(identifier))
+
+    def expire_snapshots(self, identifier: str, snapshot_ids: list[int]) -> None:
+        """Expire these snapshots; Iceberg deletes the files only they referenced."""
+        spark = self.spark
+        jvm = spark.sparkContext._jvm
+        action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession) \
+            .expireSnapshots(self.java_table(identifier)).expireOlderThan(1)  # keep everything else
+        for sid in snapshot_ids:
+            action = action.expireSnapshotId(int(sid))
+        action.execute()
+
     @_rides_out
     def drop_branch(self, identifier: str, branch: str) -> None:
         if branch == MAIN:
@@ -454,7 +468,7 @@ def retry_metadata_commit(tables: IcebergTables, identifier: str, action):
 
     def refresh(_exc: BaseException) -> None:
         if tables.exists(identifier):
-            tables.spark.catalog.refreshTable(tables.qualified(identifier))
+            tables.refresh_table(identifier)
 
     with _publish_lock(tables.catalog, identifier):
         return retry.call(retry.METADATA_COMMIT, action, what=f"metadata commit on {identifier}",

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from lakehouse import coordination
+from lakehouse import engine as engines
 from lakehouse.control import faults
 from lakehouse.control.deadline import guard_step
 from lakehouse.control.healing import run_with_healing
@@ -49,11 +50,13 @@ log = logging.getLogger(__name__)
 @dataclass
 class StagedLoad:
     """A stage's load between its audit and its publish (`StageRunner.write_and_audit` → `publish`):
-    `audited` None when there is nothing to publish (skipped; `outcome` says why)."""
+    `audited` None when there is nothing to publish (skipped; `outcome` says why); `engine` the one
+    that wrote it (lakehouse.engine), which also writes a remainder."""
 
     plan: ExtractPlan
     outcome: StageOutcome
     audited: Audited | None = None
+    engine: Any = field(default_factory=engines.SparkEngine)
 
 
 class StageRunner(StageContext):
@@ -110,9 +113,6 @@ class StageRunner(StageContext):
         return plan
 
     # ------------------------------------------------------------------ load
-    def input_batches(self, plan: ExtractPlan) -> Iterator[Batch]:
-        return adapter_for(plan.kind).batches(self, plan)
-
     def load(self, plan: ExtractPlan) -> StageOutcome:
         """Write every batch to the run's audit branch, validate it, then publish to main."""
         return self.publish(self.write_and_audit(plan))
@@ -161,9 +161,12 @@ class StageRunner(StageContext):
 
     def _stage(self, plan: ExtractPlan) -> StagedLoad:
         t0 = time.monotonic()
-        tables = self.platform.tables()
+        choice = engines.choose(self, plan)  # Spark, or PyIceberg + Arrow (no JVM) for small file loads
+        engine = engines.engine_for(choice)
+        tables = engine.tables(self.platform)
         branch = branch_name_for_run(self.run_id)
         outcome = StageOutcome(self.stage.pipeline_id, self.stage.stage_name, self.target, False, branch)
+        outcome.extra.update(choice.metadata())
         require_enabled(self, "before load")
         outcome.extra.update(self.wap().tidy_branches(tables))
         if tables.exists(self.target.identifier) and branch in tables.refs(self.target.identifier):
@@ -177,16 +180,18 @@ class StageRunner(StageContext):
             outcome.snapshot_id = tables.snapshot_id(self.target.identifier) if tables.exists(self.target.identifier) else None
             outcome.duration_s = time.monotonic() - t0
             return StagedLoad(plan, outcome)
-        self.audit("stage_started", details={"plan": plan.details, "kind": plan.kind})
-        audited = self.wap().write_and_audit(self.input_batches(plan), outcome=outcome, started=t0,
-                                             since=plan.main_at_plan)
-        return StagedLoad(plan, outcome, audited)
+        self.audit("stage_started", details={"plan": plan.details, "kind": plan.kind, **choice.metadata()})
+        audited = WriteAuditPublish(self, engine=engine).write_and_audit(
+            engine.batches(self, plan), outcome=outcome, started=t0, since=plan.main_at_plan)
+        return StagedLoad(plan, outcome, audited, engine)
 
     def _publish(self, staged: StagedLoad) -> StageOutcome:
         if staged.audited is None:  # nothing to publish (skipped)
             return staged.outcome
-        published = self.wap().write_exactly_once(staged.plan, self.input_batches, staged.outcome,
-                                                  staged.audited.started, audited=staged.audited)
+        engine = staged.engine
+        published = WriteAuditPublish(self, engine=engine).write_exactly_once(
+            staged.plan, lambda p: engine.batches(self, p), staged.outcome, staged.audited.started,
+            audited=staged.audited)
         if published is not None:
             self._after_publish(published, staged.outcome)
         return staged.outcome

@@ -15,6 +15,9 @@ stream of `Batch`es. For each of them the same guarantees hold, in this order:
 4. the publish is exactly once (`lakehouse.publish`): input another run already put on main is
    cut off and only the rest is written again (`write_exactly_once`), or nothing is published.
 
+The engine (lakehouse.engine: Spark, or PyIceberg + Arrow without a JVM) supplies the tables
+handle and the write/audit session; everything above stays the same for both.
+
 It knows the step only as a `StageContext` (the run, stage, source, target, rules and audit sink),
 so it sits below the orchestrators that build that context and above the features it drives.
 """
@@ -25,6 +28,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from lakehouse import alerts, coordination
 from lakehouse.branches import drop_branch_and_commits, keep_failed_audit, tidy_before_write
@@ -32,6 +36,7 @@ from lakehouse.control import faults
 from lakehouse.control.flags import dataset_gate
 from lakehouse.control.healing import run_with_healing
 from lakehouse.core import AuditFailed, Batch, DatasetDisabled, ExtractPlan, StageContext, StageDisabled, StageOutcome
+from lakehouse.engine import SparkEngine
 from lakehouse.iceberg import IcebergTables, branch_name_for_run
 from lakehouse.lineage.datahub import emit_stage_run
 from lakehouse.publish import Superseded, remainder_plan
@@ -39,7 +44,9 @@ from lakehouse.throughput.ratelimit import StageThrottle
 from lakehouse.validation import history
 from lakehouse.validation.quarantine import quarantine_identifier
 from lakehouse.validation.rules import CheckOutcome
-from lakehouse.validation.wap import AuditedWrite
+
+if TYPE_CHECKING:
+    from lakehouse.validation.wap import AuditedWrite
 
 #: how often one load writes the remainder again when other runs keep publishing the same input
 MAX_REWRITES = 8
@@ -85,15 +92,17 @@ class WriteAuditPublish:
     `quarantine`: rows failing a quarantine rule go to the quarantine table (off for a replay of
     that table). `prepare_branch(tables, branch)`: runs once the audit branch exists, before the
     first batch (entity_raw's UPSERT deletes the rows it replaces there); a write that prepares
-    its branch replaces data, so its publish never rebases.
+    its branch replaces data, so its publish never rebases. `engine`: what writes and audits
+    (lakehouse.engine.SparkEngine by default, or lakehouse.arrow_engine.ArrowEngine).
     """
 
     def __init__(self, ctx: StageContext, *, quarantine: bool = True,
-                 prepare_branch: Callable[[IcebergTables, str], None] | None = None):
+                 prepare_branch: Callable[[IcebergTables, str], None] | None = None, engine=None):
         self.ctx = ctx
         self.quarantine = quarantine
         self.prepare_branch = prepare_branch
         self.branch = branch_name_for_run(ctx.run_id)
+        self.engine = engine if engine is not None else SparkEngine()
 
     # ------------------------------------------------------------------ branches
     def tidy_branches(self, tables: IcebergTables) -> dict:
@@ -105,7 +114,7 @@ class WriteAuditPublish:
 
     def drop_own_branches(self) -> None:
         """This run's audit branches of the target and its quarantine table, with their commits."""
-        tables = self.ctx.platform.tables()
+        tables = self.engine.tables(self.ctx.platform)
         for ident in (self.ctx.target.identifier, quarantine_identifier(self.ctx.target.identifier)):
             if tables.exists(ident) and self.branch in tables.refs(ident):
                 drop_branch_and_commits(tables, ident, self.branch)
@@ -187,13 +196,13 @@ class WriteAuditPublish:
         A failed blocking rule raises AuditFailed (branch kept); see `run` for `since`."""
         ctx = self.ctx
         t0 = started if started is not None else time.monotonic()
-        tables = ctx.platform.tables()
+        tables = self.engine.tables(ctx.platform)
         branch = self.branch
         if outcome is None:
             outcome = StageOutcome(ctx.stage.pipeline_id, ctx.stage.stage_name, ctx.target, False, branch)
         coordination.hold_lease(ctx.platform, ctx.run_id, ctx.target.identifier)
-        session = AuditedWrite(ctx, tables, branch, quarantine=self.quarantine, since=since,
-                               prepare_branch=self.prepare_branch)
+        session = self.engine.session(ctx, tables, branch, quarantine=self.quarantine, since=since,
+                                      prepare_branch=self.prepare_branch)
         # records_per_minute / bytes_per_hour of the source and the target, shared by all processes
         src = ctx.source
         throttle = StageThrottle.for_stage(ctx.platform.store, ctx.catalog, src.source_id if src else None,
@@ -251,7 +260,7 @@ class WriteAuditPublish:
     def record_checks(self, checks: list[CheckOutcome]) -> None:
         history.record_outcomes(self.ctx, checks)  # looked up per call: tests hook the audit moment here
 
-    def _audit_failed(self, session: AuditedWrite, outcome: StageOutcome, failures: list[CheckOutcome],
+    def _audit_failed(self, session, outcome: StageOutcome, failures: list[CheckOutcome],
                       t0: float) -> AuditFailed:
         ctx, branch = self.ctx, self.branch
         names = ", ".join(c.rule.name for c in failures)

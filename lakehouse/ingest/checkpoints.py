@@ -256,16 +256,10 @@ def read_batch(runner: StageContext, spark: SparkSession, source: Source, chunk:
 
     from lakehouse.ingest.prepare import prepare_files
 
-    faults.inject("before_batch" if not runner.batches_read else "after_branch_commit")
-    runner.batches_read += 1
     if prepared is None:
         prepared = prepare_files(runner, spark, source, chunk)
         chunk = prepared.files
-    checked = list(chunk)
-    unread = [f for f in checked if f.status != PROCESSED]
-    if unread:
-        note_unread_files(runner, unread)
-    good = [f for f in checked if f.status == PROCESSED]
+    checked, good = checked_files(runner, chunk)
     if not good:
         return None, checked, []
     df = prepared.read(spark, good)
@@ -284,6 +278,18 @@ def read_batch(runner: StageContext, spark: SparkSession, source: Source, chunk:
         df = df.withColumn("_source_file", F.input_file_name())
     df = df.withColumn("_ingested_at", F.current_timestamp())
     return df, checked, []
+
+
+def checked_files(runner: StageContext, chunk: list[FileRef]) -> tuple[list[FileRef], list[FileRef]]:
+    """(every file of a prepared chunk, the loadable ones): the others are recorded now (empty,
+    quarantined); whichever engine reads the chunk (Spark here, lakehouse.arrow_engine) calls this."""
+    faults.inject("before_batch" if not runner.batches_read else "after_branch_commit")
+    runner.batches_read += 1
+    checked = list(chunk)
+    unread = [f for f in checked if f.status != PROCESSED]
+    if unread:
+        note_unread_files(runner, unread)
+    return checked, [f for f in checked if f.status == PROCESSED]
 
 
 def note_unread_files(runner: StageContext, files: list[FileRef]) -> None:

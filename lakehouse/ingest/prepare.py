@@ -185,8 +185,51 @@ def quarantine_class(error: str | None) -> str:
     return "UnreadableFile"
 
 
-def prepare_files(runner: StageContext, spark: SparkSession, source: Source, files: list[FileRef]) -> PreparedFiles:
-    """Probe and reconcile every file of the run; evolve the table for the loadable ones."""
+class SparkSchemaIO:
+    """What `prepare_files` asks of the table and of parquet footers, answered by Spark (the Arrow
+    engine answers the same with PyIceberg and pyarrow: lakehouse.arrow_engine.ArrowSchemaIO)."""
+
+    def __init__(self, spark: SparkSession | None, tables):
+        self.spark = spark
+        self.tables = tables
+
+    def exists(self, ident: str) -> bool:
+        return self.tables.exists(ident)
+
+    def table_schema(self, ident: str) -> StructType:
+        return self.tables.read(ident).schema
+
+    def footer_schema(self, path: str) -> StructType:
+        """Spark's own parquet type mapping (NTZ timestamps, unsigned integers...); raises when
+        Spark cannot read the footer."""
+        return self.spark.read.parquet(path).schema
+
+    def evolve(self, ident: str, changes: list) -> None:
+        """New columns and promotable widenings, as ALTER TABLE statements."""
+        tables = self.tables
+        qualified = tables.qualified(ident)
+        statements = []
+        for c in changes:
+            path = ".".join(quote(p) for p in c.path)
+            if c.kind == "new":
+                statements.append(f"ALTER TABLE {qualified} ADD COLUMN {path} {ddl_type(c.found)}")
+            else:
+                statements.append(f"ALTER TABLE {qualified} ALTER COLUMN {path} TYPE {ddl_type(c.found)}")
+
+        def apply() -> None:
+            current = tables.read(ident).schema
+            for c, sql in zip(changes, statements, strict=True):
+                if c.kind == "new" and _has_path(current, c.path):
+                    continue  # a concurrent run or a healing retry added it already
+                tables.spark.sql(sql)
+
+        retry_metadata_commit(tables, ident, apply)
+
+
+def prepare_files(runner: StageContext, spark: SparkSession | None, source: Source, files: list[FileRef],
+                  schema_io=None) -> PreparedFiles:
+    """Probe and reconcile every file of the run; evolve the table for the loadable ones.
+    `schema_io`: how table and footer schemas are read and the table evolved (default: Spark)."""
     from pyspark.sql.types import StructField, StructType
 
     if any(f.status == PROCESSED and f.size and "://" in (f.local_path or f.key)
@@ -194,13 +237,13 @@ def prepare_files(runner: StageContext, spark: SparkSession, source: Source, fil
         # read_mode direct: the objects are not local, so they cannot be probed before Spark
         return PreparedFiles(source, [f if f.status != PROCESSED or f.size else f.with_status(EMPTY)
                                       for f in files], None, inferred=True)
-    tables = runner.platform.tables()
+    io = schema_io if schema_io is not None else SparkSchemaIO(spark, runner.platform.tables())
     ident = runner.target.identifier
     platform_cols = {c.lower() for c in LINEAGE_COLUMNS} if source.lineage_columns else set()
     platform_cols |= {pf.column.lower() for pf in source.promote_fields}
     table = None
-    if tables.exists(ident):
-        table = StructType([f for f in tables.read(ident).schema.fields if f.name.lower() not in platform_cols])
+    if io.exists(ident):
+        table = StructType([f for f in io.table_schema(ident).fields if f.name.lower() not in platform_cols])
     declared = StructType([StructField(c.name, _parse_type(c.type)) for c in source.columns]) if source.columns else None
     reference = _reference(table, declared)
     policy = runner.schema_policy()
@@ -210,7 +253,7 @@ def prepare_files(runner: StageContext, spark: SparkSession, source: Source, fil
 
     prepared, probes = _probe_all(runner, source, files, reference)
     if source.format == "parquet":
-        _resolve_parquet(spark, prepared, probes)
+        _resolve_parquet(io, prepared, probes)
     else:
         prepared.read_schemas.update({key: p.schema for key, p in probes.items()})
     reserved = _reserved_columns(prepared, platform_cols)
@@ -247,7 +290,7 @@ def prepare_files(runner: StageContext, spark: SparkSession, source: Source, fil
             else:
                 prepared.read_keys[f.key] = probes[f.key].read_key + "|" + own.json()
     if table is not None:
-        _evolve_table(runner, tables, ident, table, table_target)
+        _evolve_table(runner, io, ident, table, table_target)
     _report(runner, prepared)
     return prepared
 
@@ -320,7 +363,7 @@ def _reserved_columns(prepared: PreparedFiles, reserved: set[str]) -> dict[str, 
     return out
 
 
-def _resolve_parquet(spark: SparkSession, prepared: PreparedFiles, probes: dict[str, FileProbe]) -> None:
+def _resolve_parquet(io: SparkSchemaIO, prepared: PreparedFiles, probes: dict[str, FileProbe]) -> None:
     """The Spark schema of each distinct footer schema (Spark's own parquet type mapping: NTZ
     timestamps, unsigned integers...); a footer Spark cannot map quarantines its files."""
     by_key: dict[str, list[str]] = {}
@@ -330,7 +373,7 @@ def _resolve_parquet(spark: SparkSession, prepared: PreparedFiles, probes: dict[
     refused: dict[str, str] = {}
     for keys in by_key.values():
         try:
-            schema = spark.read.parquet(local[keys[0]]).schema
+            schema = io.footer_schema(local[keys[0]])
         except Exception as exc:  # noqa: BLE001 - Spark cannot read files of this schema
             lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [type(exc).__name__]
             line = next((ln for ln in reversed(lines) if "Exception: " in ln and not ln.startswith("at ")), lines[0])
@@ -362,28 +405,12 @@ def _recase(want: DataType, have: DataType) -> DataType:
     return want
 
 
-def _evolve_table(runner: StageContext, tables, ident: str, table: StructType, final: StructType) -> None:
+def _evolve_table(runner: StageContext, io: SparkSchemaIO, ident: str, table: StructType, final: StructType) -> None:
     """New columns (nested ones too) and promotable widenings, before the first write."""
     changes = [c for c in compare(table, final) if c.kind in ("new", "widen")]
     if not changes:
         return
-    qualified = tables.qualified(ident)
-    statements = []
-    for c in changes:
-        path = ".".join(quote(p) for p in c.path)
-        if c.kind == "new":
-            statements.append(f"ALTER TABLE {qualified} ADD COLUMN {path} {ddl_type(c.found)}")
-        else:
-            statements.append(f"ALTER TABLE {qualified} ALTER COLUMN {path} TYPE {ddl_type(c.found)}")
-
-    def apply() -> None:
-        current = tables.read(ident).schema
-        for c, sql in zip(changes, statements, strict=True):
-            if c.kind == "new" and _has_path(current, c.path):
-                continue  # a concurrent run or a healing retry added it already
-            tables.spark.sql(sql)
-
-    retry_metadata_commit(tables, ident, apply)
+    io.evolve(ident, changes)
     described = [c.describe() for c in changes]
     runner.audit("schema_evolved", outcome="applied", message="; ".join(described)[:2000],
                  details={"changes": [{"kind": c.kind, "column": c.column, "type": c.found.simpleString()}

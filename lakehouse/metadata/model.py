@@ -387,6 +387,22 @@ def check_maintenance_setting(key: str, value: str) -> None:
         raise ValueError(f"{key}: {msgs}") from None
 
 
+#: platform settings of the write engine (lakehouse.engine): the default choice and auto's size threshold
+ENGINE_SETTINGS = ("engine.default", "engine.arrow_max_bytes")
+ENGINES = ("spark", "arrow", "auto")
+
+
+def check_engine_setting(key: str, value: str) -> None:
+    """`engine.default` (spark | arrow | auto) and `engine.arrow_max_bytes` (bytes), checked on load."""
+    if key not in ENGINE_SETTINGS:
+        raise ValueError(f"{key}: unknown engine setting; known: {', '.join(ENGINE_SETTINGS)}")
+    if key == "engine.default":
+        if value.strip() not in ENGINES:
+            raise ValueError(f"{key}: {value!r} is not one of {', '.join(ENGINES)}")
+    elif not value.strip().isdigit():
+        raise ValueError(f"{key}: {value!r} is not a whole number of bytes")
+
+
 class TimePartition(BaseModel):
     """A target partitioned by day (lakehouse.incremental, window_batches): a daily-partitioned
     Dagster asset, and a run for a range of days (a backfill from the UI or `lakehouse backfill`)
@@ -424,6 +440,13 @@ class Target(Entity):
     alternative_source_id: str | None = Field(
         default=None, description="a declared replica of this table (a source, e.g. kind iceberg): SQL stages "
         "reading this table read the replica instead while the table is unavailable")
+    engine: Literal["spark", "arrow", "auto"] | None = Field(
+        default=None, description="what writes the table: spark, arrow (PyIceberg + Arrow, no JVM: file loads "
+        "lakehouse.arrow_engine can do) or auto (arrow below arrow_max_bytes of input); default: the "
+        "platform setting engine.default, else auto")
+    arrow_max_bytes: int | None = Field(
+        default=None, ge=0, description="auto: the largest planned input (bytes) written by Arrow; default: the "
+        "platform setting engine.arrow_max_bytes")
     # warehouse
     jdbc_url: str | None = None
     jdbc_url_env: str | None = None
@@ -790,6 +813,8 @@ class PlatformSetting(Entity):
     def _known_values(self) -> PlatformSetting:
         if self.setting_key.startswith("maintenance."):
             check_maintenance_setting(self.setting_key, self.setting_value)
+        if self.setting_key.startswith("engine."):
+            check_engine_setting(self.setting_key, self.setting_value)
         return self
 
 

@@ -481,21 +481,11 @@ def evaluate_rules(df: DataFrame, rules: list[Rule], *, context: dict[str, Any] 
             outcomes[name] = CheckOutcome(r, False, 0, total, describe(r), message=err, details={"error": err})
             continue
         failed = int(agg[f"f:{name}"] or 0)
-        sample = _sample(df.where(~cond)) if failed else []
-        outcomes[name] = CheckOutcome(r, failed == 0, failed, total, describe(r), sample,
-                                      f"{failed} of {total} rows fail {r.name}" if failed else f"all {total} rows pass",
-                                      details={"counted_from": origin[f"f:{name}"]})
+        outcomes[name] = row_outcome(r, failed, total, _sample(df.where(~cond)) if failed else [],
+                                     origin[f"f:{name}"])
     for r in enabled:
-        if r.name in handled and r.name in actions.errors:
-            outcomes[r.name] = CheckOutcome(r, False, 0, actions.total, describe(r), message=actions.errors[r.name],
-                                            details={"error": actions.errors[r.name]})
-        elif r.name in handled:
-            failed = actions.failed.get(r.name, 0)
-            verb = "quarantined" if r.action == "quarantine" else "dropped"
-            outcomes[r.name] = CheckOutcome(
-                r, failed == 0, failed, actions.total, describe(r), actions.samples.get(r.name, [])[:SAMPLE_ROWS],
-                f"{failed} of {actions.total} input rows fail {r.name} and were {verb}" if failed
-                else f"all {actions.total} input rows pass", details={"action": r.action, verb: failed})
+        if r.name in handled:
+            outcomes[r.name] = action_outcome(r, actions)
         elif not r.is_row_rule:
             try:
                 outcomes[r.name] = _dataset_rule(df, r, total, context, nulls)
@@ -503,6 +493,33 @@ def evaluate_rules(df: DataFrame, rules: list[Rule], *, context: dict[str, Any] 
                 outcomes[r.name] = CheckOutcome(r, False, 0, total, describe(r), message=str(exc),
                                                 details={"error": str(exc)})
     return [outcomes[r.name] for r in enabled]
+
+
+def row_outcome(r: Rule, failed: int, total: int, sample: list[dict[str, Any]], counted_from: str) -> CheckOutcome:
+    """A row rule's outcome from its failing-row count (whichever engine counted)."""
+    return CheckOutcome(r, failed == 0, failed, total, describe(r), sample,
+                        f"{failed} of {total} rows fail {r.name}" if failed else f"all {total} rows pass",
+                        details={"counted_from": counted_from})
+
+
+def action_outcome(r: Rule, actions: ActionCounts) -> CheckOutcome:
+    """A drop/quarantine rule's outcome from the counts of the split its rows went through."""
+    if r.name in actions.errors:
+        return CheckOutcome(r, False, 0, actions.total, describe(r), message=actions.errors[r.name],
+                            details={"error": actions.errors[r.name]})
+    failed = actions.failed.get(r.name, 0)
+    verb = "quarantined" if r.action == "quarantine" else "dropped"
+    return CheckOutcome(
+        r, failed == 0, failed, actions.total, describe(r), actions.samples.get(r.name, [])[:SAMPLE_ROWS],
+        f"{failed} of {actions.total} input rows fail {r.name} and were {verb}" if failed
+        else f"all {actions.total} input rows pass", details={"action": r.action, verb: failed})
+
+
+def dataset_rule(df: DataFrame | None, r: Rule, total: int, context: dict[str, Any], nulls: dict[str, int]
+                 ) -> CheckOutcome:
+    """A dataset rule's outcome; row_count and row_count_change need no rows (`df` None: another
+    engine's audit, lakehouse.arrow_engine)."""
+    return _dataset_rule(df, r, total, context, nulls)
 
 
 def _dataset_rule(df: DataFrame, r: Rule, total: int, context: dict[str, Any], nulls: dict[str, int]) -> CheckOutcome:

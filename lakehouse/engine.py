@@ -1,0 +1,153 @@
+"""Which engine writes a stage's target: Spark, or PyIceberg + Arrow (no JVM) for small file loads.
+
+Seed 001's write-audit-publish needs no JVM: a small load pays seconds of Spark start-up for
+milliseconds of work. A target says `engine: spark | arrow | auto` (default: the platform setting
+`engine.default`, else `auto`); `auto` writes with Arrow when the stage is one the Arrow engine
+can do (`arrow_blockers`) and its planned input is at most `arrow_max_bytes` (the target's, else
+the setting `engine.arrow_max_bytes`, else `DEFAULT_ARROW_MAX_BYTES`, chosen from
+bench/bench_small_batches.py). The choice and its reason go to the audit log and the run's
+materialization metadata. Both engines honour one write-audit-publish contract
+(lakehouse.wap_service), so they can write the same table turn and turn about.
+
+Plain data and rules only: the engines themselves are `SparkEngine` here and
+`lakehouse.arrow_engine.ArrowEngine`, imported only when chosen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lakehouse.metadata.model import ENGINES, Rule, Source, Stage, Target
+
+if TYPE_CHECKING:
+    from lakehouse.core import Batch, ExtractPlan, StageContext
+    from lakehouse.iceberg import IcebergTables
+    from lakehouse.metadata.model import MetadataCatalog
+    from lakehouse.platform import Platform
+
+#: auto's threshold when neither the target nor the platform sets one (bytes of planned input):
+#: from bench/bench_small_batches.py (BENCHMARKS.md, issue 21)
+DEFAULT_ARROW_MAX_BYTES = 64 * 1024**2
+#: rule types the Arrow engine evaluates (pyarrow.compute); any other keeps a stage on Spark
+ARROW_RULES = frozenset({"row_count", "row_count_change", "not_null", "unique", "accepted_values", "range", "regex"})
+#: source kinds whose input the Arrow engine reads (local files, or S3 objects staged locally)
+ARROW_SOURCES = frozenset({"files", "s3"})
+ARROW_FORMATS = frozenset({"parquet", "csv", "jsonl"})
+
+
+def arrow_blockers(stage: Stage | None, target: Target, source: Source | None, rules: list[Rule]) -> list[str]:
+    """Why the Arrow engine cannot write this stage (empty: it can); each reason names the field."""
+    out = []
+    if stage is not None and (stage.transformation or stage.transformation_file or stage.python_transformation):
+        out.append("SQL and Python stages run on Spark (stage transformation)")
+    if source is None:
+        out.append("the stage has no source files to read")
+    else:
+        if source.kind not in ARROW_SOURCES:
+            out.append(f"source kind {source.kind!r} is read by Spark (Arrow reads: {', '.join(sorted(ARROW_SOURCES))})")
+        elif source.format not in ARROW_FORMATS:
+            out.append(f"source format {source.format!r} is not one of {', '.join(sorted(ARROW_FORMATS))}")
+        if source.kind == "s3" and source.read_mode != "stage":
+            out.append("source read_mode direct reads s3a:// paths with Spark")
+    if target.kind != "iceberg":
+        out.append(f"target kind {target.kind!r} is not an Iceberg table")
+    if target.write_mode != "append":
+        out.append(f"write_mode {target.write_mode!r} (Arrow appends only)")
+    if target.sort_order:
+        out.append("sort_order (PyIceberg does not sort on write)")
+    if target.export_target_id:
+        out.append("export_target_id (the warehouse export reads the table with Spark)")
+    if target.time_partition is not None:
+        out.append("time_partition (backfills rewrite days with Spark)")
+    if stage is not None and stage.incremental is not None:
+        out.append("incremental (merge / partition replacement run on Spark)")
+    bad = sorted({r.type for r in rules if r.enabled and r.type not in ARROW_RULES})
+    if bad:
+        out.append(f"rule type(s) {', '.join(bad)} are evaluated by Spark (Arrow evaluates: "
+                   f"{', '.join(sorted(ARROW_RULES))})")
+    return out
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engine a step writes with, what was asked for, and why."""
+
+    engine: str  # spark | arrow
+    asked: str  # spark | arrow | auto
+    reason: str
+
+    def metadata(self) -> dict[str, str]:
+        return {"engine": self.engine, "engine_reason": self.reason}
+
+
+def asked_engine(catalog: MetadataCatalog, target: Target) -> tuple[str, str]:
+    """(spark | arrow | auto, where that came from)."""
+    if target.engine:
+        return target.engine, f"target {target.target_id} engine"
+    value = (catalog.setting("engine.default") or "").strip()
+    if value in ENGINES:
+        return value, "platform setting engine.default"
+    return "auto", "platform default"
+
+
+def arrow_max_bytes(catalog: MetadataCatalog, target: Target) -> tuple[int, str]:
+    if target.arrow_max_bytes is not None:
+        return target.arrow_max_bytes, f"target {target.target_id} arrow_max_bytes"
+    raw = (catalog.setting("engine.arrow_max_bytes") or "").strip()
+    if raw.isdigit():
+        return int(raw), "platform setting engine.arrow_max_bytes"
+    return DEFAULT_ARROW_MAX_BYTES, "platform default"
+
+
+def choose(ctx: StageContext, plan: ExtractPlan) -> EngineChoice:
+    """The engine for this step's load of `plan` (read at run time: a metadata update applies to
+    the next run). An explicit `arrow` the stage cannot honour raises (static validation names it
+    first: lakehouse.metadata.checks); `auto` and the platform default fall back to Spark, saying why."""
+    asked, origin = asked_engine(ctx.catalog, ctx.target)
+    if asked == "spark":
+        return EngineChoice("spark", asked, f"{origin} is spark")
+    blockers = arrow_blockers(ctx.stage, ctx.target, ctx.source, ctx.rules)
+    if plan.kind not in ARROW_SOURCES:
+        blockers.append(f"the plan reads {plan.kind!r}")
+    if blockers:
+        if asked == "arrow" and origin.startswith("target"):
+            raise ValueError(f"target {ctx.target.target_id} asks for engine arrow, which cannot write stage "
+                             f"{ctx.stage.pipeline_id}.{ctx.stage.stage_name}: {'; '.join(blockers)}. Set engine: "
+                             "spark or auto")
+        return EngineChoice("spark", asked, f"{origin} is {asked}, but {'; '.join(blockers)}")
+    if asked == "arrow":
+        return EngineChoice("arrow", asked, f"{origin} is arrow")
+    limit, limit_origin = arrow_max_bytes(ctx.catalog, ctx.target)
+    size = sum(f.size for f in plan.files)
+    if size <= limit:
+        return EngineChoice("arrow", asked, f"auto: {size} bytes planned <= {limit} ({limit_origin})")
+    return EngineChoice("spark", asked, f"auto: {size} bytes planned > {limit} ({limit_origin})")
+
+
+class SparkEngine:
+    """The JVM engine: the source adapter's Spark batches, `AuditedWrite` on Spark's catalog."""
+
+    name = "spark"
+
+    def tables(self, platform: Platform) -> IcebergTables:
+        return platform.tables()
+
+    def session(self, ctx: StageContext, tables: IcebergTables, branch: str, **kwargs: Any):
+        from lakehouse.validation.wap import AuditedWrite
+
+        return AuditedWrite(ctx, tables, branch, **kwargs)
+
+    def batches(self, ctx: StageContext, plan: ExtractPlan) -> Iterator[Batch]:
+        return ctx.adapter_for(plan.kind).batches(ctx, plan)
+
+
+def engine_for(choice: EngineChoice | str):
+    """The engine object of a choice."""
+    name = choice.engine if isinstance(choice, EngineChoice) else choice
+    if name == "arrow":
+        from lakehouse.arrow_engine import ArrowEngine
+
+        return ArrowEngine()
+    return SparkEngine()

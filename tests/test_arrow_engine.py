@@ -1,0 +1,116 @@
+"""The Arrow engine (lakehouse.arrow_engine): write-audit-publish of small file loads with PyIceberg
+and pyarrow, without a JVM. These tests are the fast lane's: the autouse guard in conftest fails
+any of them that starts one, so "no JVM" is checked, not hoped for."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from lakehouse.core import AuditFailed
+from lakehouse.metadata.loader import load_metadata
+from lakehouse.metadata.store import MetadataStore
+from lakehouse.platform import Platform
+from lakehouse.runner import StageRunner
+from tests.test_wap_helpers import pyiceberg, rows_of
+
+META = """
+pipelines:
+  - {pipeline_id: events_etl}
+sources:
+  - {source_id: events_raw, kind: files, format: jsonl, path: events, glob: "*.jsonl",
+     promote_fields: [{path: extra.app, column: app}]}
+targets:
+  - {target_id: bronze_events, namespace: bronze, table: events, engine: ENGINE,
+     partition_spec: [{column: country}]}
+stages:
+  - {pipeline_id: events_etl, stage_order: 1, stage_name: ingest, layer: bronze, source_id: events_raw,
+     target_id: bronze_events, validation_set_id: event_rules}
+validation_rules:
+  - rule_set_id: event_rules
+    rules:
+RULES"""
+
+RULES = """
+- {name: id_present, type: not_null, columns: [id], action: quarantine, severity: warn}
+- {name: id_unique, type: unique, columns: [id]}
+- {name: amount_ok, type: range, column: amount, min: 0, severity: warn}
+- {name: some_rows, type: row_count, min: 1}
+"""
+
+
+def apply(platform, tmp_path, engine="arrow", rules=RULES, meta=META):
+    path = tmp_path / "meta.yaml"
+    path.write_text(meta.replace("ENGINE", engine).replace(
+        "RULES", textwrap.indent(textwrap.dedent(rules).strip(), "      ")) + "\n")
+    platform.store.apply(load_metadata(path))
+
+
+def event(i, **kw) -> dict:
+    return {"id": i, "country": "de" if i % 2 else "fr", "amount": float(i), "ts": "2026-01-02T03:04:05Z",
+            "extra": {"app": f"app{i % 3}", "n": i}, **kw}
+
+
+def land(platform, name: str, rows: list[dict]):
+    out = platform.settings.landing_dir / "events"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def lake(settings):
+    """A platform with no SparkSession behind it (the fast lane has none)."""
+    return Platform(settings, MetadataStore(settings.control_db_url))
+
+
+def load(platform, run_id: str):
+    runner = StageRunner(platform, "events_etl", "ingest", run_id)
+    return runner.load(runner.extract())
+
+
+def test_arrow_load_writes_audits_quarantines_and_publishes(lake, tmp_path):
+    apply(lake, tmp_path)
+    land(lake, "a", [event(1), event(2), {**event(3), "id": None}])
+    out = load(lake, "r1")
+    assert out.published and out.extra["engine"] == "arrow"
+    assert "target bronze_events engine is arrow" in out.extra["engine_reason"]
+    rows = sorted(rows_of(lake, "bronze.events"), key=lambda r: r["id"])
+    assert [r["id"] for r in rows] == [1, 2]
+    assert [r["app"] for r in rows] == ["app1", "app2"]  # promote_fields
+    assert rows[0]["_source_file"].startswith("file://") and rows[0]["_source_file"].endswith("/events/a.jsonl")
+    assert rows[0]["_ingested_at"] is not None
+    q = rows_of(lake, "bronze.events__quarantine")
+    assert [r["_failed_rules"] for r in q] == [["id_present"]] and q[0]["_run_id"] == "r1"
+    checks = {c.rule.name: c for c in out.checks}
+    assert checks["id_present"].failed_rows == 1 and checks["id_unique"].passed and checks["some_rows"].passed
+    table = pyiceberg(lake).load_table("bronze.events")
+    assert set(table.metadata.refs) == {"main"}  # the audit branch was published and dropped
+    props = table.current_snapshot().summary.additional_properties
+    assert props["lakehouse.run_id"] == "r1"
+    assert [f["key"] for f in json.loads(props["lakehouse.files"])] == ["a.jsonl"]
+    assert [f.name for f in table.spec().fields] == ["country"]
+
+    # a second file: appended; the first is not loaded again (its checkpoint is on main)
+    land(lake, "b", [event(4, amount=-1.0)])
+    out2 = load(lake, "r2")
+    assert sorted(r["id"] for r in rows_of(lake, "bronze.events")) == [1, 2, 4]
+    assert not {c.rule.name: c for c in out2.checks}["amount_ok"].passed  # warn: published anyway
+    assert out2.published
+
+
+def test_failed_blocking_audit_keeps_branch_and_never_touches_main(lake, tmp_path):
+    apply(lake, tmp_path, rules="- {name: enough, type: row_count, min: 100}")
+    land(lake, "a", [event(1), event(2)])
+    with pytest.raises(AuditFailed) as err:
+        load(lake, "bad run")
+    branch = err.value.branch
+    table = pyiceberg(lake).load_table("bronze.events")
+    assert branch in table.metadata.refs
+    main = table.metadata.refs["main"].snapshot_id
+    assert table.snapshot_by_id(main).summary.additional_properties.get("lakehouse.run_id") is None  # the empty fork point
+    assert rows_of(lake, "bronze.events") == []
+    assert len(rows_of(lake, "bronze.events", branch)) == 2
