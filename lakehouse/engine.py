@@ -19,7 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lakehouse.metadata.model import ENGINES, Rule, Source, Stage, Target
+from lakehouse.metadata.engine_support import ARROW_SOURCES, arrow_blockers
+from lakehouse.metadata.model import ENGINES, Target
 
 if TYPE_CHECKING:
     from lakehouse.core import Batch, ExtractPlan, StageContext
@@ -30,44 +31,6 @@ if TYPE_CHECKING:
 #: auto's threshold when neither the target nor the platform sets one (bytes of planned input):
 #: from bench/bench_small_batches.py (BENCHMARKS.md, issue 21)
 DEFAULT_ARROW_MAX_BYTES = 64 * 1024**2
-#: rule types the Arrow engine evaluates (pyarrow.compute); any other keeps a stage on Spark
-ARROW_RULES = frozenset({"row_count", "row_count_change", "not_null", "unique", "accepted_values", "range", "regex"})
-#: source kinds whose input the Arrow engine reads (local files, or S3 objects staged locally)
-ARROW_SOURCES = frozenset({"files", "s3"})
-ARROW_FORMATS = frozenset({"parquet", "csv", "jsonl"})
-
-
-def arrow_blockers(stage: Stage | None, target: Target, source: Source | None, rules: list[Rule]) -> list[str]:
-    """Why the Arrow engine cannot write this stage (empty: it can); each reason names the field."""
-    out = []
-    if stage is not None and (stage.transformation or stage.transformation_file or stage.python_transformation):
-        out.append("SQL and Python stages run on Spark (stage transformation)")
-    if source is None:
-        out.append("the stage has no source files to read")
-    else:
-        if source.kind not in ARROW_SOURCES:
-            out.append(f"source kind {source.kind!r} is read by Spark (Arrow reads: {', '.join(sorted(ARROW_SOURCES))})")
-        elif source.format not in ARROW_FORMATS:
-            out.append(f"source format {source.format!r} is not one of {', '.join(sorted(ARROW_FORMATS))}")
-        if source.kind == "s3" and source.read_mode != "stage":
-            out.append("source read_mode direct reads s3a:// paths with Spark")
-    if target.kind != "iceberg":
-        out.append(f"target kind {target.kind!r} is not an Iceberg table")
-    if target.write_mode != "append":
-        out.append(f"write_mode {target.write_mode!r} (Arrow appends only)")
-    if target.sort_order:
-        out.append("sort_order (PyIceberg does not sort on write)")
-    if target.export_target_id:
-        out.append("export_target_id (the warehouse export reads the table with Spark)")
-    if target.time_partition is not None:
-        out.append("time_partition (backfills rewrite days with Spark)")
-    if stage is not None and stage.incremental is not None:
-        out.append("incremental (merge / partition replacement run on Spark)")
-    bad = sorted({r.type for r in rules if r.enabled and r.type not in ARROW_RULES})
-    if bad:
-        out.append(f"rule type(s) {', '.join(bad)} are evaluated by Spark (Arrow evaluates: "
-                   f"{', '.join(sorted(ARROW_RULES))})")
-    return out
 
 
 @dataclass(frozen=True)
@@ -124,6 +87,21 @@ def choose(ctx: StageContext, plan: ExtractPlan) -> EngineChoice:
     if size <= limit:
         return EngineChoice("arrow", asked, f"auto: {size} bytes planned <= {limit} ({limit_origin})")
     return EngineChoice("spark", asked, f"auto: {size} bytes planned > {limit} ({limit_origin})")
+
+
+def may_need_spark(catalog: MetadataCatalog, pipeline_id: str) -> bool:
+    """Whether a run of the pipeline may need Spark before its input is known: some stage the
+    Arrow engine would not write (SQL, another source kind, engine spark...). `lakehouse run`
+    warms a JVM up only then; an `auto` stage whose input turns out too big starts it when it gets there."""
+    for stage in catalog.stages_of(pipeline_id):
+        target = catalog.target(stage.target_id)
+        if asked_engine(catalog, target)[0] == "spark":
+            return True
+        source = next((s for s in catalog.sources if s.source_id == stage.source_id), None)
+        rules = catalog.rule_set(stage.validation_set_id).rules if stage.validation_set_id else []
+        if arrow_blockers(stage, target, source, rules):
+            return True
+    return False
 
 
 class SparkEngine:

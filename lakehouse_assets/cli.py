@@ -13,6 +13,7 @@ import sys
 from lakehouse.alerts import run_finished
 from lakehouse.cli import _env_flag as env_flag
 from lakehouse.dagster_runs import failure_summary
+from lakehouse.engine import may_need_spark
 from lakehouse.metadata.derived import read_structure
 from lakehouse.platform import Platform
 from lakehouse.spark import release_jvm_at_exit
@@ -27,13 +28,16 @@ def cmd_run(args) -> int:
     from lakehouse_assets.run_summary import record, stage_keys, summarize
 
     platform = Platform.from_env()
-    if env_flag("LAKEHOUSE_SPARK_WARMUP", True):
-        # the JVM starts on the other core while Dagster is imported and the job is built; with
-        # LAKEHOUSE_SPARK_WARMUP=0 it starts only when a step needs it (a run with nothing to load,
-        # e.g. one of several concurrent runs whose files others claimed, then never starts one)
-        platform.warm_spark()
     # this pipeline's rows (and the throttles), not every pipeline's: a run's cost does not grow with the platform
     catalog = read_structure(platform.store, [args.pipeline]).catalog
+    settings_rows = platform.store.load(["platform_settings"]).platform_settings
+    if env_flag("LAKEHOUSE_SPARK_WARMUP", True) and may_need_spark(
+            catalog.model_copy(update={"platform_settings": settings_rows}), args.pipeline):
+        # the JVM starts on the other core while Dagster is imported and the job is built; with
+        # LAKEHOUSE_SPARK_WARMUP=0 it starts only when a step needs it (a run with nothing to load,
+        # e.g. one of several concurrent runs whose files others claimed, then never starts one).
+        # A pipeline the Arrow engine writes whole (lakehouse.engine) starts none.
+        platform.warm_spark()
     if not any(p.pipeline_id == args.pipeline for p in catalog.pipelines):
         platform.store.load(["pipelines"]).pipeline(args.pipeline)  # unknown id -> KeyError naming the known ones
     catalog = catalog.model_copy(update={"throttles": platform.store.load(["throttles"]).throttles})

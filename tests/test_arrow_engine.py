@@ -9,8 +9,9 @@ import textwrap
 
 import pytest
 
-from lakehouse.core import AuditFailed
-from lakehouse.metadata.loader import load_metadata
+from lakehouse import engine as engines
+from lakehouse.core import AuditFailed, ExtractPlan, FileRef
+from lakehouse.metadata.loader import MetadataError, load_metadata
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.platform import Platform
 from lakehouse.runner import StageRunner
@@ -78,6 +79,8 @@ def test_arrow_load_writes_audits_quarantines_and_publishes(lake, tmp_path):
     out = load(lake, "r1")
     assert out.published and out.extra["engine"] == "arrow"
     assert "target bronze_events engine is arrow" in out.extra["engine_reason"]
+    started = lake.store.audit_entries(run_id="r1", event="stage_started")
+    assert started[0].details["engine"] == "arrow"  # the audit log says which engine ran and why
     rows = sorted(rows_of(lake, "bronze.events"), key=lambda r: r["id"])
     assert [r["id"] for r in rows] == [1, 2]
     assert [r["app"] for r in rows] == ["app1", "app2"]  # promote_fields
@@ -114,3 +117,60 @@ def test_failed_blocking_audit_keeps_branch_and_never_touches_main(lake, tmp_pat
     assert table.snapshot_by_id(main).summary.additional_properties.get("lakehouse.run_id") is None  # the empty fork point
     assert rows_of(lake, "bronze.events") == []
     assert len(rows_of(lake, "bronze.events", branch)) == 2
+
+
+def choice(platform, size: int):
+    runner = StageRunner(platform, "events_etl", "ingest", "choose")
+    return engines.choose(runner, ExtractPlan("events_etl", "ingest", "files", files=[FileRef("a.jsonl", size, "e")]))
+
+
+def test_auto_picks_arrow_below_the_threshold_and_spark_above_or_where_arrow_cannot(lake, tmp_path):
+    apply(lake, tmp_path, engine="auto")
+    small = choice(lake, 1000)
+    assert (small.engine, small.asked) == ("arrow", "auto")
+    assert small.reason == f"auto: 1000 bytes planned <= {engines.DEFAULT_ARROW_MAX_BYTES} (platform default)"
+    big = choice(lake, engines.DEFAULT_ARROW_MAX_BYTES + 1)
+    assert big.engine == "spark" and "planned >" in big.reason
+
+    meta = META + "\nplatform_settings:\n  - {setting_key: engine.arrow_max_bytes, setting_value: '500'}\n"
+    apply(lake, tmp_path, engine="auto", meta=meta)
+    assert choice(lake, 1000).reason == "auto: 1000 bytes planned > 500 (platform setting engine.arrow_max_bytes)"
+
+    apply(lake, tmp_path, engine="auto", rules="- {name: sane, type: expression, expression: 'amount >= 0'}")
+    fallback = choice(lake, 10)
+    assert fallback.engine == "spark" and "rule type(s) expression are evaluated by Spark" in fallback.reason
+    apply(lake, tmp_path, engine="spark")
+    assert choice(lake, 10).engine == "spark"
+
+
+def test_engine_arrow_where_arrow_cannot_write_is_refused_naming_file_and_field(tmp_path):
+    path = tmp_path / "meta.yaml"
+    path.write_text(META.replace("ENGINE", "arrow").replace("RULES", "      - {name: e, type: expression, "
+                                                                      "expression: 'amount >= 0'}") + "\n")
+    with pytest.raises(MetadataError) as err:
+        load_metadata(path)
+    assert (f"{path}: targets[0].engine: target 'bronze_events' asks for engine arrow, which cannot write stage "
+            "events_etl.ingest: rule type(s) expression are evaluated by Spark") in str(err.value)
+    path.write_text(META.replace("ENGINE", "auto").replace("RULES", "      - {name: n, type: row_count}") +
+                    "\nplatform_settings:\n  - {setting_key: engine.default, setting_value: jvm}\n")
+    with pytest.raises(MetadataError) as err:
+        load_metadata(path)
+    assert f"{path}: platform_settings[0]" in str(err.value)
+    assert "engine.default: 'jvm' is not one of spark, arrow, auto" in str(err.value)
+
+
+def test_lakehouse_run_of_an_arrow_pipeline_starts_no_jvm(lake, tmp_path, capsys):
+    """`lakehouse run` end to end (Dagster job, IO manager, checks, run summary) in this process:
+    the fast lane's guard fails the test if anything starts a JVM, the warm-up included."""
+    import argparse
+
+    from lakehouse_assets.cli import cmd_run
+
+    apply(lake, tmp_path, engine="auto")
+    land(lake, "a", [event(1), event(2), event(3)])
+    code = cmd_run(argparse.Namespace(pipeline="events_etl", ephemeral=True, verbose=False))
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert sorted(r["id"] for r in rows_of(lake, "bronze.events")) == [1, 2, 3]
+    started = lake.store.audit_entries(event="stage_started")
+    assert started[-1].details["engine"] == "arrow" and started[-1].details["engine_reason"].startswith("auto: ")

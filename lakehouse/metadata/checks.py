@@ -26,6 +26,7 @@ from lakehouse.metadata.derive import (
     stage_rules,
     stage_upstreams,
 )
+from lakehouse.metadata.engine_support import arrow_blockers
 from lakehouse.metadata.model import MetadataCatalog, Rule, Source, Stage, Target
 from lakehouse.metadata.python_ref import reference_problem
 
@@ -121,6 +122,13 @@ def check_stages(catalog: MetadataCatalog, locate: Locate, sql_file: SqlFile, *,
             if source is not None and not stage.transformation:
                 for w, msg in _compatibility(source, target, locate):
                     add(w, msg)
+            if target.engine == "arrow":
+                blockers = arrow_blockers(stage, target, source, stage_rules(catalog, stage))
+                if blockers:
+                    add(f"{locate('targets', target.key())}.engine",
+                        f"target {target.target_id!r} asks for engine arrow, which cannot write stage "
+                        f"{stage.pipeline_id}.{stage.stage_name}: {'; '.join(blockers)}. Fix: engine: auto (Arrow "
+                        "where it can, Spark elsewhere) or spark")
             if sc is not None:
                 _target_columns(target, sc, locate, add)
         if stage.incremental is not None:

@@ -1,0 +1,49 @@
+"""What the Arrow engine (lakehouse.arrow_engine) can write, from metadata alone.
+
+Low in the package so that static validation (lakehouse.metadata.checks) and the engine choice at
+run time (lakehouse.engine) give the same reasons: a target that asks for `engine: arrow` on a
+stage the engine cannot do is refused when the metadata is applied, naming the file and field.
+"""
+
+from __future__ import annotations
+
+from lakehouse.metadata.model import Rule, Source, Stage, Target
+
+#: rule types the Arrow engine evaluates (pyarrow.compute); any other keeps a stage on Spark
+ARROW_RULES = frozenset({"row_count", "row_count_change", "not_null", "unique", "accepted_values", "range", "regex"})
+#: source kinds whose input the Arrow engine reads (local files, or S3 objects staged locally)
+ARROW_SOURCES = frozenset({"files", "s3"})
+ARROW_FORMATS = frozenset({"parquet", "csv", "jsonl"})
+
+
+def arrow_blockers(stage: Stage | None, target: Target, source: Source | None, rules: list[Rule]) -> list[str]:
+    """Why the Arrow engine cannot write this stage (empty: it can); each reason names the field."""
+    out = []
+    if stage is not None and (stage.transformation or stage.transformation_file or stage.python_transformation):
+        out.append("SQL and Python stages run on Spark (stage transformation)")
+    if source is None:
+        out.append("the stage has no source files to read")
+    else:
+        if source.kind not in ARROW_SOURCES:
+            out.append(f"source kind {source.kind!r} is read by Spark (Arrow reads: {', '.join(sorted(ARROW_SOURCES))})")
+        elif source.format not in ARROW_FORMATS:
+            out.append(f"source format {source.format!r} is not one of {', '.join(sorted(ARROW_FORMATS))}")
+        if source.kind == "s3" and source.read_mode != "stage":
+            out.append("source read_mode direct reads s3a:// paths with Spark")
+    if target.kind != "iceberg":
+        out.append(f"target kind {target.kind!r} is not an Iceberg table")
+    if target.write_mode != "append":
+        out.append(f"write_mode {target.write_mode!r} (Arrow appends only)")
+    if target.sort_order:
+        out.append("sort_order (PyIceberg does not sort on write)")
+    if target.export_target_id:
+        out.append("export_target_id (the warehouse export reads the table with Spark)")
+    if target.time_partition is not None:
+        out.append("time_partition (backfills rewrite days with Spark)")
+    if stage is not None and stage.incremental is not None:
+        out.append("incremental (merge / partition replacement run on Spark)")
+    bad = sorted({r.type for r in rules if r.enabled and r.type not in ARROW_RULES})
+    if bad:
+        out.append(f"rule type(s) {', '.join(bad)} are evaluated by Spark (Arrow evaluates: "
+                   f"{', '.join(sorted(ARROW_RULES))})")
+    return out
