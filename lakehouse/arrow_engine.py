@@ -570,28 +570,14 @@ class ArrowQuarantineWriter(QuarantineWriter):
     """Quarantined rows to the quarantine table's branch through PyIceberg (same columns as Spark's)."""
 
     def write(self, bad: pa.Table, batch_properties: dict[str, str] | None = None) -> int:
-        from lakehouse.ingest.files import CHECKPOINT_PROPERTY
-
         n = bad.num_rows
         rows = (bad.append_column("_run_id", pa.array([self.runner.run_id] * n, pa.string()))
                 .append_column("_quarantined_at", pa.array([dt.datetime.now(dt.UTC)] * n, UTC_US))
                 .append_column("_quarantine_id", pa.array([str(uuid.uuid4()) for _ in range(n)], pa.string())))
-        schema = spark_schema(rows.schema)
-        if not self.created:
-            def start_branch():
-                self.tables.ensure_table(self.target, schema)
-                if self.branch in self.tables.refs(self.ident):  # a retried step starts over, never doubles rows
-                    self.tables.drop_branch(self.ident, self.branch)
-                self.tables.create_branch(self.ident, self.branch)
+        return self.append(rows, spark_schema(rows.schema), batch_properties)
 
-            retry_metadata_commit(self.tables, self.ident, start_branch)
-            self.created = True
-            self.fork = self.tables.snapshot_id(self.ident)
-        retry_metadata_commit(self.tables, self.ident, lambda: self.tables.add_missing_columns(self.ident, schema))
-        props = {k: v for k, v in (batch_properties or {}).items() if k == CHECKPOINT_PROPERTY}
-        res = self.tables.write(rows, self.target, branch=self.branch,
-                                snapshot_properties={**props, "lakehouse.run_id": self.runner.run_id})
-        return res.rows_written
+    def align(self, rows: pa.Table) -> pa.Table:
+        return rows  # ArrowTables.write matches the table's columns by name
 
 
 class ArrowAuditedWrite(AuditedWrite):
@@ -605,15 +591,7 @@ class ArrowAuditedWrite(AuditedWrite):
         df: pa.Table = batch.df
         keep = self._split(df, batch)
         if not self.created:
-            def start_branch():
-                self.tables.ensure_table(self.target, spark_schema(keep.schema))
-                self.tables.create_branch(self.ident, self.branch)
-
-            retry_metadata_commit(self.tables, self.ident, start_branch)
-            self.fork_snapshot = self.tables.snapshot_id(self.ident, self.branch)
-            if self.prepare_branch is not None:
-                self.prepare_branch(self.tables, self.branch)
-            self.created = True
+            self._start_branch(spark_schema(keep.schema))
         head = self.tables.snapshot_id(self.ident, self.branch)
         res = retry.call(retry.BRANCH_WRITE,
                          lambda: self.tables.write(keep, self.target, branch=self.branch,

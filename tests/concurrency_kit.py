@@ -135,6 +135,18 @@ def succeeded(rc: int, out: str) -> bool:
     return rc in (EXIT_CODES[SUCCESS], EXIT_CODES[WARNINGS]) and "): SUCCESS" in out
 
 
+def release_when_paused(pause: Path, runs: list[tuple[subprocess.Popen, Path]], timeout: float,
+                        point: str = "before_publish") -> None:
+    """Wait until every run is paused at `point` (LAKEHOUSE_PAUSE_AT), then let them all go on
+    at once; fails if a run ends first or the wait exceeds `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while len(list(pause.glob(f"{point}.*"))) < len(runs):
+        assert all(p.poll() is None for p, _ in runs), [log.read_text()[-3000:] for _, log in runs]
+        assert time.monotonic() < deadline, f"runs never all reached {point}"
+        time.sleep(0.5)
+    (pause / "release").touch()
+
+
 def wait_runs(runs: list[tuple[subprocess.Popen, Path]], timeout: float) -> list[tuple[int, str]]:
     deadline = time.monotonic() + timeout
     results = []

@@ -13,7 +13,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 from collections import Counter
 
 import pyarrow as pa
@@ -173,12 +172,7 @@ def test_alternating_engines_stay_exactly_once_under_concurrent_processes(tmp_pa
                 procs.append((subprocess.Popen([sys.executable, "-c", CHILD, eng, f"r{round_}_{i}_{eng}"], env=run_env,
                                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True), log))
         try:
-            deadline = time.monotonic() + 600
-            while len(list(pause.glob("before_publish.*"))) < 2:
-                assert all(p.poll() is None for p, _ in procs), [log.read_text()[-3000:] for _, log in procs]
-                assert time.monotonic() < deadline, "the runs never both reached their publish"
-                time.sleep(0.3)
-            (pause / "release").touch()
+            kit.release_when_paused(pause, procs, timeout=600)
             results = kit.wait_runs(procs, timeout=600)
         finally:
             kit.kill_all(procs)

@@ -89,12 +89,7 @@ def test_concurrent_runs_load_every_row_once(lake, runs, tmp_path, unique_ns):
     procs = kit.start_runs(runs, kit.run_env(lake.env, **extra), tmp_path / "logs")
     try:
         if lined_up:
-            deadline = time.monotonic() + 1200
-            while len(list(pause.glob("before_publish.*"))) < runs:
-                assert all(p.poll() is None for p, _ in procs), [log.read_text()[-3000:] for _, log in procs]
-                assert time.monotonic() < deadline, "runs never all reached their first publish"
-                time.sleep(0.5)
-            (pause / "release").touch()
+            kit.release_when_paused(pause, procs, timeout=1200)
         results = kit.wait_runs(procs, timeout=1800)
     finally:
         kit.kill_all(procs)

@@ -72,9 +72,18 @@ class QuarantineWriter:
         rows = (bad.withColumn("_run_id", F.lit(self.runner.run_id))
                 .withColumn("_quarantined_at", F.current_timestamp())
                 .withColumn("_quarantine_id", F.expr("uuid()")))
+        return self.append(rows, rows.schema, batch_properties)
+
+    def align(self, rows: DataFrame) -> DataFrame:
+        """The table's columns the rows lack, as typed NULLs (Spark's writer resolves by name)."""
+        return align_to_table(rows, self.tables.read(self.ident).schema)
+
+    def append(self, rows, schema, batch_properties: dict[str, str] | None = None) -> int:
+        """Rows (with the quarantine columns) onto the quarantine table's branch, which the first
+        call starts; the batch's file checkpoints ride along, so they publish exactly once too."""
         if not self.created:
             def start_branch():
-                self.tables.ensure_table(self.target, rows.schema)
+                self.tables.ensure_table(self.target, schema)
                 if self.branch in self.tables.refs(self.ident):  # a retried step starts over, never doubles rows
                     self.tables.drop_branch(self.ident, self.branch)
                 self.tables.create_branch(self.ident, self.branch)
@@ -82,8 +91,8 @@ class QuarantineWriter:
             retry_metadata_commit(self.tables, self.ident, start_branch)
             self.created = True
             self.fork = self.tables.snapshot_id(self.ident)
-        retry_metadata_commit(self.tables, self.ident, lambda: self.tables.add_missing_columns(self.ident, rows.schema))
-        rows = align_to_table(rows, self.tables.read(self.ident).schema)
+        retry_metadata_commit(self.tables, self.ident, lambda: self.tables.add_missing_columns(self.ident, schema))
+        rows = self.align(rows)
         props = {k: v for k, v in (batch_properties or {}).items() if k == CHECKPOINT_PROPERTY}
         res = self.tables.write(rows, self.target, branch=self.branch,
                                 snapshot_properties={**props, "lakehouse.run_id": self.runner.run_id})

@@ -137,15 +137,7 @@ class AuditedWrite:
                 self.quarantined_rows += self._quarantine_writer().write(split.quarantine, batch.snapshot_properties)
             keep = split.keep
             if not self.created:
-                def start_branch():
-                    self.tables.ensure_table(self.target, keep.schema)
-                    self.tables.create_branch(self.ident, self.branch)
-
-                retry_metadata_commit(self.tables, self.ident, start_branch)
-                self.fork_snapshot = self.tables.snapshot_id(self.ident, self.branch)
-                if self.prepare_branch is not None:
-                    self.prepare_branch(self.tables, self.branch)
-                self.created = True
+                self._start_branch(keep.schema)
             row_pass = RowPass.plan(keep, self.rules, self._handled)
             keys = self._observed_keys(row_pass, keep) if self.target.write_mode == "append" else set()
             if self._observed_keyset is None:
@@ -167,6 +159,18 @@ class AuditedWrite:
         if res.operation != "append":
             self.appends_only = False
         return res
+
+    def _start_branch(self, schema) -> None:
+        """The table (created from `schema` if new) and this run's branch, before the first write."""
+        def start_branch():
+            self.tables.ensure_table(self.target, schema)
+            self.tables.create_branch(self.ident, self.branch)
+
+        retry_metadata_commit(self.tables, self.ident, start_branch)
+        self.fork_snapshot = self.tables.snapshot_id(self.ident, self.branch)
+        if self.prepare_branch is not None:
+            self.prepare_branch(self.tables, self.branch)
+        self.created = True
 
     def _observed_keys(self, row_pass: RowPass, keep: DataFrame) -> set[str]:
         """RowPass keys to count on the rows as they are written: those the new files'
