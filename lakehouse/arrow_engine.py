@@ -540,9 +540,9 @@ def evaluate(new: pa.Table, rules: list[Rule], context: dict[str, Any]) -> list[
                 outcomes[r.name] = _unique(r, context["table"], int(context.get("row_count_after") or total))
             else:
                 outcomes[r.name] = dataset_rule(None, r, total, {**context, "_total_from": "arrow"}, {})
-        except RuleError as exc:
-            outcomes[r.name] = CheckOutcome(r, False, 0, total, describe(r), message=str(exc),
-                                            details={"error": str(exc)})
+        except RuleError as exc:  # as evaluate_rules: a row rule's error counts no rows
+            outcomes[r.name] = CheckOutcome(r, False, 0, 0 if r.is_row_rule else total, describe(r),
+                                            message=str(exc), details={"error": str(exc)})
     return [outcomes[r.name] for r in enabled]
 
 
@@ -598,7 +598,6 @@ class ArrowAuditedWrite(AuditedWrite):
                                                    snapshot_properties=batch.snapshot_properties, spec=batch.write),
                          what=f"write to {self.ident}@{self.branch}", also=is_connection_failure,
                          only=lambda _exc: self.tables.snapshot_id(self.ident, self.branch) == head)
-        self._observation_ok = False  # nothing observed on write: the audit reads the new files
         return res
 
     def _split(self, df: pa.Table, batch: Batch) -> pa.Table:

@@ -72,7 +72,7 @@ def choose(ctx: StageContext, plan: ExtractPlan) -> EngineChoice:
     if asked == "spark":
         return EngineChoice("spark", asked, f"{origin} is spark")
     blockers = arrow_blockers(ctx.stage, ctx.target, ctx.source, ctx.rules)
-    if plan.kind not in ARROW_SOURCES:
+    if plan.kind not in ARROW_SOURCES and not plan.skipped_reason:  # a skipped plan writes nothing
         blockers.append(f"the plan reads {plan.kind!r}")
     if blockers:
         if asked == "arrow" and origin.startswith("target"):

@@ -174,3 +174,22 @@ def test_lakehouse_run_of_an_arrow_pipeline_starts_no_jvm(lake, tmp_path, capsys
     assert sorted(r["id"] for r in rows_of(lake, "bronze.events")) == [1, 2, 3]
     started = lake.store.audit_entries(event="stage_started")
     assert started[-1].details["engine"] == "arrow" and started[-1].details["engine_reason"].startswith("auto: ")
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("bigint", "bigint"), ("DECIMAL(10, 2)", "decimal(10,2)"), ("varchar(5)", "string"),
+    ("array<struct<a:int,`b c`:map<string,double>>>", "array<struct<a:int,b c:map<string,double>>>"),
+    ("timestamp_ntz", "timestamp_ntz"),
+])
+def test_declared_types_parse_without_a_jvm(text, expected):
+    from lakehouse.ingest.prepare import _parse_type
+
+    assert _parse_type(text).simpleString() == expected
+
+
+@pytest.mark.parametrize("text", ["foo", "array<int", "int int", "struct<a:int", "int; drop table x"])
+def test_a_declared_type_that_does_not_parse_is_named(text):
+    from lakehouse.ingest.prepare import _parse_type
+
+    with pytest.raises(ValueError, match="cannot parse type"):
+        _parse_type(text)

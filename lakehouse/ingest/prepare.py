@@ -161,7 +161,21 @@ _TOKEN = re.compile(r"\s*(`(?:[^`]|``)*`|[A-Za-z_][A-Za-z0-9_]*|\d+|[<>(),:])")
 
 def _parse_type(text: str) -> DataType:
     """A declared column type in Spark SQL DDL (`bigint`, `decimal(10,2)`, `array<struct<a:int>>`),
-    parsed in plain Python: pyspark's own parser needs a JVM, which the Arrow engine does not start."""
+    parsed in plain Python: pyspark's own parser needs a JVM, which the Arrow engine does not start.
+    What this grammar lacks is left to Spark's parser when a session is up."""
+    try:
+        return _parse_ddl_type(text)
+    except ValueError:
+        from pyspark import SparkContext
+
+        if SparkContext._active_spark_context is None:
+            raise
+        from pyspark.sql.types import _parse_datatype_string
+
+        return _parse_datatype_string(text)
+
+
+def _parse_ddl_type(text: str) -> DataType:
     from pyspark.sql import types as T
 
     tokens = _TOKEN.findall(text)

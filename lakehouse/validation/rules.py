@@ -488,7 +488,7 @@ def evaluate_rules(df: DataFrame, rules: list[Rule], *, context: dict[str, Any] 
             outcomes[r.name] = action_outcome(r, actions)
         elif not r.is_row_rule:
             try:
-                outcomes[r.name] = _dataset_rule(df, r, total, context, nulls)
+                outcomes[r.name] = dataset_rule(df, r, total, context, nulls)
             except RuleError as exc:
                 outcomes[r.name] = CheckOutcome(r, False, 0, total, describe(r), message=str(exc),
                                                 details={"error": str(exc)})
@@ -519,10 +519,6 @@ def dataset_rule(df: DataFrame | None, r: Rule, total: int, context: dict[str, A
                  ) -> CheckOutcome:
     """A dataset rule's outcome; row_count and row_count_change need no rows (`df` None: another
     engine's audit, lakehouse.arrow_engine)."""
-    return _dataset_rule(df, r, total, context, nulls)
-
-
-def _dataset_rule(df: DataFrame, r: Rule, total: int, context: dict[str, Any], nulls: dict[str, int]) -> CheckOutcome:
     from pyspark.sql import functions as F
 
     expr = describe(r)
