@@ -311,7 +311,7 @@ def read_prepared(prepared: PreparedFiles, files: list[FileRef], object_uri: Cal
         if source.lineage_columns:
             name = object_uri(f) if object_uri is not None and f.local_path and f.local_path != f.key \
                 else Path(local).resolve().as_uri()
-            t = t.append_column("_source_file", pa.array([name] * t.num_rows, pa.string()))
+            t = t.append_column("_source_file", pa.repeat(pa.scalar(name, pa.string()), t.num_rows))
         parts.append(t)
     out = pa.concat_tables(parts)
     if source.lineage_columns:  # promoted fields come before the lineage columns, as on Spark
@@ -322,7 +322,7 @@ def read_prepared(prepared: PreparedFiles, files: list[FileRef], object_uri: Cal
     if source.lineage_columns:
         now = pa.scalar(dt.datetime.now(dt.UTC), UTC_US)
         out = out.append_column("_source_file", src_file)
-        out = out.append_column("_ingested_at", pa.array([now.as_py()] * out.num_rows, UTC_US))
+        out = out.append_column("_ingested_at", pa.repeat(now, out.num_rows))
     return out
 
 
@@ -621,10 +621,10 @@ class ArrowAuditedWrite(AuditedWrite):
             bad_mask = _any([fails[n] for n in q_names], df.num_rows)
             if pc.any(bad_mask).as_py():
                 names = list(fails)
-                flags = [fails[n].to_pylist() for n in names]
+                flags = [fails[n].filter(bad_mask).to_pylist() for n in names]  # the quarantined rows only
                 failed_rules = pa.array([[n for n, f in zip(names, row, strict=True) if f] for row in zip(*flags, strict=True)],
                                         pa.list_(pa.string()))
-                bad = df.append_column(FAILED_RULES_COLUMN, failed_rules).filter(bad_mask)
+                bad = df.filter(bad_mask).append_column(FAILED_RULES_COLUMN, failed_rules)
                 self.quarantined_rows += self._quarantine_writer().write(bad, batch.snapshot_properties)
         return df.filter(pc.invert(any_acting))
 
