@@ -1,8 +1,8 @@
 """The Arrow engine against the Spark engine (slow: Spark writes one side).
 
 * The same landed files (JSON lines with a nested struct and a promoted field, CSV with declared
-  types, parquet), written once by each engine, give the same table read by an independent reader
-  (PyIceberg's scan): rows, schema, partition spec, and the platform's snapshot summary keys.
+  types, parquet), written once by each engine, give the same table read by PyIceberg's scan (rows,
+  schema, partition spec, the platform's snapshot summary keys) and by DuckDB, which is neither writer.
 * A table written alternately by both engines, by two processes lined up at their publish over
   the same files, holds every row exactly once (the exactly-once check is the service's, shared).
 """
@@ -22,6 +22,7 @@ import pytest
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.runner import StageRunner
 from tests import concurrency_kit as kit
+from tests.test_pipeline_e2e import duckdb_read
 from tests.test_wap_helpers import pyiceberg
 
 pytestmark = pytest.mark.slow
@@ -100,6 +101,10 @@ def test_both_engines_write_the_same_table(platform, tmp_path, fmt):
     for r in by_spark["rows"]:  # the file each row came from, as each engine names it: the same
         assert r["_source_file"].startswith("file:///"), r
     assert by_arrow == by_spark
+    # and by a reader that is neither writer: DuckDB's iceberg extension over each table's metadata
+    seen = [duckdb_read(cat.load_table(f"cmp_{fmt}.by_{e}").metadata_location.removeprefix("file://"),
+                        "SELECT * EXCLUDE (_ingested_at) FROM {table} ORDER BY id NULLS LAST") for e in ("spark", "arrow")]
+    assert seen[0] == seen[1] and len(seen[0]) == len(by_arrow["rows"])
     assert len(by_arrow["rows"]) == (8 if fmt == "jsonl" else 7)  # id 4 quarantined; jsonl's third file adds one
     q_spark, q_arrow = (view_quarantine(cat, f"cmp_{fmt}.by_{e}__quarantine") for e in ("spark", "arrow"))
     assert q_arrow == q_spark and len(q_arrow["rows"]) == 1
