@@ -238,11 +238,76 @@ def _conform_array(arr: pa.Array, want: pa.DataType) -> pa.Array:
     if pa.types.is_list(want) and (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
         values = _conform_array(arr.values, want.value_type)
         return pa.ListArray.from_arrays(pa.array(arr.offsets, pa.int32()), values, type=want, mask=arr.is_null())
-    if pa.types.is_timestamp(want) and want.tz is not None and pa.types.is_string(arr.type):
-        # text without a zone offset is UTC (the session time zone Spark reads it in)
-        zoned = pc.match_substring_regex(arr, r"(Z|[+-]\d\d(:?\d\d)?)$")
-        arr = pc.if_else(pc.fill_null(zoned, True), arr, pc.binary_join_element_wise(arr, "Z", ""))
+    if (pa.types.is_timestamp(want) or pa.types.is_date(want)) and pa.types.is_string(arr.type):
+        return _parse_times(arr, want)
     return arr.cast(want)
+
+
+def _parse_times(arr: pa.Array, want: pa.DataType) -> pa.Array:
+    """Text as timestamps or dates the way Spark's readers take it (the probe checked every value
+    with lakehouse.ingest.spark_datetime): Arrow's ISO parser first, text without a zone being UTC
+    (the session time zone); what it refuses ("2024-1-1", "... UTC") value by value with Spark's grammar."""
+    text = arr
+    if pa.types.is_timestamp(want) and want.tz is not None:
+        zoned = pc.match_substring_regex(arr, r"(Z|[+-]\d\d(:?\d\d)?)$")
+        text = pc.if_else(pc.fill_null(zoned, True), arr, pc.binary_join_element_wise(arr, "Z", ""))
+    try:
+        return text.cast(want)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    if pa.types.is_date(want):
+        return pa.array([None if v is None else _spark_date(v) for v in arr.to_pylist()], pa.date32()).cast(want)
+    micros = [None if v is None else _spark_micros(v, want.tz is not None) for v in arr.to_pylist()]
+    return pa.array(micros, pa.int64()).cast(pa.timestamp("us", tz=want.tz)).cast(want)
+
+
+def _spark_micros(text: str, zoned: bool) -> int:
+    """Microseconds since the epoch of `text` by Spark's stringToTimestamp (UTC session zone)."""
+    from lakehouse.ingest import spark_datetime as sd
+
+    for t in dict.fromkeys((text, text.replace("GMT", ""))) if zoned else (text,):
+        parsed = sd._timestamp_segments(t)
+        if parsed is None or parsed[2] or not sd._datetime_ok(parsed[0]):
+            continue
+        seg, zone = parsed[0], parsed[1]
+        y, mo, d, h, mi, s, us = seg[:7]
+        micros = sd._days_from_civil(y, mo, d) * 86_400_000_000 + ((h * 60 + mi) * 60 + s) * 1_000_000 + us
+        if zone is None:
+            return micros
+        offset = _zone_offset_s(zone, dt.datetime(y, mo, d, h, mi, s)) if zoned else None
+        if offset is not None:
+            return micros - offset * 1_000_000
+    raise ValueError(f"the Arrow engine cannot read {text!r} as a {'timestamp' if zoned else 'timestamp_ntz'}; "
+                     "set the target's engine to spark")
+
+
+def _zone_offset_s(zone: str, local: dt.datetime) -> int | None:
+    """Seconds east of UTC of a zone Spark accepts: Z / UTC / GMT / UT, ±hh[:mm[:ss]] after an optional
+    UTC / GMT / UT, or a region (None: a zone this reader does not know, e.g. Java's short ids)."""
+    import re
+    import zoneinfo
+
+    if zone in ("Z", "UTC", "GMT", "UT"):
+        return 0
+    m = re.fullmatch(r"(?:UTC|GMT|UT)?([+-])(\d{1,2})(?::?(\d{2}))?(?::?(\d{2}))?", zone)
+    if m:
+        sign = -1 if m.group(1) == "-" else 1
+        return sign * (int(m.group(2)) * 3600 + int(m.group(3) or 0) * 60 + int(m.group(4) or 0))
+    try:
+        return int(zoneinfo.ZoneInfo(zone).utcoffset(local).total_seconds())
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OverflowError):
+        return None
+
+
+def _spark_date(text: str) -> dt.date:
+    """A date by Spark's stringToDate: [+-]yyyy[-[m]m[-[d]d]], anything after " " or "T" ignored."""
+    import re
+
+    m = re.fullmatch(r"\s*([+-]?\d{4,7})(?:-(\d{1,2})(?:-(\d{1,2}))?)?(?:[ T].*)?\s*", text.replace("GMT", ""))
+    try:
+        return dt.date(int(m.group(1)), int(m.group(2) or 1), int(m.group(3) or 1))
+    except (AttributeError, ValueError):
+        raise ValueError(f"the Arrow engine cannot read {text!r} as a date; set the target's engine to spark") from None
 
 
 def conform(table: pa.Table, want: StructType) -> pa.Table:
@@ -283,15 +348,15 @@ def _read_file(source: Source, path: str, own: StructType) -> pa.Table:
 
     if source.format == "parquet":
         return pq.read_table(path)
+    # timestamps and dates are read as text and parsed by `conform` with Spark's grammar
+    types = {f.name: (pa.string() if isinstance(f.dataType, (T.TimestampType, T.TimestampNTZType, T.DateType))
+                      else spark_to_arrow(f.dataType)) for f in own.fields}
     if source.format == "jsonl":
         size = Path(path).stat().st_size
         return pjson.read_json(path, read_options=pjson.ReadOptions(block_size=max(1 << 20, size + 1)),
-                               parse_options=pjson.ParseOptions(explicit_schema=pa.schema(spark_to_arrow(own)),
+                               parse_options=pjson.ParseOptions(explicit_schema=pa.schema(types.items()),
                                                                 unexpected_field_behavior="ignore"))
-    # CSV: the names in file order (the probe's header), RFC 4180 quotes, quoted newlines, "" is NULL;
-    # zoned timestamps are read as text and parsed by `conform` (a missing offset means UTC)
-    types = {f.name: (pa.string() if isinstance(f.dataType, T.TimestampType) else spark_to_arrow(f.dataType))
-             for f in own.fields}
+    # CSV: the names in file order (the probe's header), RFC 4180 quotes, quoted newlines, "" is NULL
     return pcsv.read_csv(
         path, read_options=pcsv.ReadOptions(column_names=own.names, skip_rows=1 if source.csv_header else 0),
         parse_options=pcsv.ParseOptions(newlines_in_values=source.options.get("csv_multiline", "true") == "true"),
@@ -307,7 +372,11 @@ def read_prepared(prepared: PreparedFiles, files: list[FileRef], object_uri: Cal
     parts = []
     for f in files:
         local = f.local_path or f.key
-        t = conform(_read_file(source, local, prepared.read_schemas[f.key]), prepared.schema)
+        try:
+            t = conform(_read_file(source, local, prepared.read_schemas[f.key]), prepared.schema)
+        except (pa.ArrowException, ValueError) as exc:  # what the probe passed and pyarrow still refuses
+            raise ValueError(f"{f.key}: the Arrow engine cannot read this file as its probe planned ({exc}); "
+                             "set the target's engine to spark to load it") from exc
         if source.lineage_columns:
             name = object_uri(f) if object_uri is not None and f.local_path and f.local_path != f.key \
                 else Path(local).resolve().as_uri()

@@ -193,3 +193,20 @@ def test_a_declared_type_that_does_not_parse_is_named(text):
 
     with pytest.raises(ValueError, match="cannot parse type"):
         _parse_type(text)
+
+
+def test_csv_timestamps_in_spark_spellings_load(lake, tmp_path):
+    """The probe accepts what Spark's reader accepts ("2024-1-1 ...", a zone name after a space);
+    the Arrow engine reads those values as Spark does, in the UTC session zone."""
+    meta = META.replace("format: jsonl, path: events, glob: \"*.jsonl\",", "format: csv, path: events, glob: \"*.csv\","
+                        " columns: [{name: id, type: bigint}, {name: country, type: string}, {name: ts, type: timestamp}],"
+                        ).replace("\n     promote_fields: [{path: extra.app, column: app}]", "")
+    apply(lake, tmp_path, rules="- {name: n, type: row_count, min: 1}", meta=meta)
+    out = lake.settings.landing_dir / "events"
+    out.mkdir(parents=True)
+    (out / "a.csv").write_text("id,country,ts\n1,de,2024-1-1 10:00:00\n2,fr,2024-01-01 10:00:00 UTC\n"
+                               "3,de,2024-01-01T11:00:00+01:00\n4,fr,\n")
+    assert load(lake, "r1").published
+    got = {r["id"]: r["ts"] for r in rows_of(lake, "bronze.events")}
+    assert {k: (v.isoformat() if v else None) for k, v in got.items()} == {
+        1: "2024-01-01T10:00:00+00:00", 2: "2024-01-01T10:00:00+00:00", 3: "2024-01-01T10:00:00+00:00", 4: None}
