@@ -141,6 +141,8 @@ def test_auto_picks_arrow_below_the_threshold_and_spark_above_or_where_arrow_can
     assert fallback.engine == "spark" and "rule type(s) expression are evaluated by Spark" in fallback.reason
     apply(lake, tmp_path, engine="spark")
     assert choice(lake, 10).engine == "spark"
+    apply(lake, tmp_path, engine="null")  # nothing said: the built-in default
+    assert (choice(lake, 10).engine, choice(lake, 10).reason) == ("spark", "built-in default is spark")
 
 
 def test_engine_arrow_where_arrow_cannot_write_is_refused_naming_file_and_field(tmp_path):

@@ -443,7 +443,7 @@ class Target(Entity):
     engine: Literal["spark", "arrow", "auto"] | None = Field(
         default=None, description="what writes the table: spark, arrow (PyIceberg + Arrow, no JVM: file loads "
         "lakehouse.arrow_engine can do) or auto (arrow below arrow_max_bytes of input); default: the "
-        "platform setting engine.default, else auto")
+        "platform setting engine.default, else spark")
     arrow_max_bytes: int | None = Field(
         default=None, ge=0, description="auto: the largest planned input (bytes) written by Arrow; default: the "
         "platform setting engine.arrow_max_bytes")
