@@ -11,7 +11,11 @@ round and the order flips every round; each run gets a new home, so nothing is c
 them. Prints every run, then per size the median seconds, the ratio Spark / Arrow (goal: >= 5 for
 up to 100k rows), the input bytes, and the crossover: the largest input at which Arrow is still
 faster, which is what `engine.arrow_max_bytes` (lakehouse.engine.DEFAULT_ARROW_MAX_BYTES) should
-be at most. The load average goes with the numbers (2 shared cores: read the ratios).
+be at most. The load average goes with the numbers (2 shared cores: read the ratios), and so does
+the CPU time of each run's process (user + system, of it and the children it reaped): under
+contention a many-threaded JVM gets a bigger share of the cores than the mostly single-threaded
+Arrow path, which wall time alone hides. The JVM of a Spark run exits after its parent and is not
+counted, so Spark's CPU seconds and the CPU ratio are lower bounds.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -63,8 +68,9 @@ def land(folder: Path, rows: int) -> int:
     return total
 
 
-def one_run(engine: str, rows: int) -> tuple[float, int, str]:
-    """(seconds of `lakehouse run bench`, input bytes, the engine the run metadata names)."""
+def one_run(engine: str, rows: int) -> tuple[float, float, int, str]:
+    """(wall seconds of `lakehouse run bench`, its CPU seconds, input bytes, the engine the run
+    metadata names)."""
     home = Path(tempfile.mkdtemp(prefix=f"bench_small_{engine}_{rows}_"))
     (home / "meta.yaml").write_text(META.format(engine=engine))
     size = land(home / "landing" / "events", rows)
@@ -72,9 +78,12 @@ def one_run(engine: str, rows: int) -> tuple[float, int, str]:
     env.update({"LAKEHOUSE_HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1"})
     cli = [sys.executable, "-m", "lakehouse.cli"]
     subprocess.run([*cli, "metadata", "apply", str(home / "meta.yaml")], env=env, check=True, capture_output=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run([*cli, "run", "bench"], env=env, capture_output=True, text=True)
     took = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode not in (0, 3):
         raise SystemExit(f"{engine} {rows} rows failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     from lakehouse.metadata.store import MetadataStore
@@ -83,7 +92,7 @@ def one_run(engine: str, rows: int) -> tuple[float, int, str]:
     ran = next((e.details.get("engine", "?") for e in store.audit_entries(event="stage_started")), "?")
     store.engine.dispose()
     subprocess.run(["rm", "-rf", str(home)], check=False)
-    return took, size, ran
+    return took, cpu, size, ran
 
 
 def main() -> None:
@@ -92,25 +101,31 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     times: dict[tuple[int, str], list[float]] = {}
+    cpus: dict[tuple[int, str], list[float]] = {}
     sizes: dict[int, int] = {}
     loads = []
     for r in range(args.rounds):
         for rows in args.sizes:
             order = ("spark", "arrow") if (r + args.sizes.index(rows)) % 2 == 0 else ("arrow", "spark")
             for engine in order:
-                took, size, ran = one_run(engine, rows)
+                took, cpu, size, ran = one_run(engine, rows)
                 assert ran == engine, f"asked for {engine}, the run says {ran}"
                 times.setdefault((rows, engine), []).append(took)
+                cpus.setdefault((rows, engine), []).append(cpu)
                 sizes[rows] = size
                 loads.append(os.getloadavg()[0])
-                print(f"round {r + 1} {rows:>9,} rows {engine:5s}: {took:7.2f} s  (load {loads[-1]:.2f})", flush=True)
+                print(f"round {r + 1} {rows:>9,} rows {engine:5s}: {took:7.2f} s wall, {cpu:7.2f} s CPU  "
+                      f"(load {loads[-1]:.2f})", flush=True)
     print(f"\nmedians of {args.rounds} round(s), load average 1-min over the runs: "
           f"min {min(loads):.2f}, median {statistics.median(loads):.2f}, max {max(loads):.2f}")
-    print(f"{'rows':>10} {'input MB':>9} {'spark s':>8} {'arrow s':>8} {'spark/arrow':>12}")
+    print(f"{'rows':>10} {'input MB':>9} {'spark s':>8} {'arrow s':>8} {'spark/arrow':>12} "
+          f"{'spark CPU*':>10} {'arrow CPU':>10} {'CPU ratio*':>10}   (*JVM not counted: lower bounds)")
     faster = []
     for rows in args.sizes:
         s, a = statistics.median(times[(rows, "spark")]), statistics.median(times[(rows, "arrow")])
-        print(f"{rows:>10,} {sizes[rows] / 1e6:>9.1f} {s:>8.2f} {a:>8.2f} {s / a:>11.2f}x")
+        sc, ac = statistics.median(cpus[(rows, "spark")]), statistics.median(cpus[(rows, "arrow")])
+        print(f"{rows:>10,} {sizes[rows] / 1e6:>9.1f} {s:>8.2f} {a:>8.2f} {s / a:>11.2f}x "
+              f"{sc:>10.2f} {ac:>10.2f} {sc / ac:>9.2f}x")
         if s > a:
             faster.append(rows)
     if faster and faster[-1] == args.sizes[-1]:

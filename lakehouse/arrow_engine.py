@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -284,7 +285,6 @@ def _spark_micros(text: str, zoned: bool) -> int:
 def _zone_offset_s(zone: str, local: dt.datetime) -> int | None:
     """Seconds east of UTC of a zone Spark accepts: Z / UTC / GMT / UT, ±hh[:mm[:ss]] after an optional
     UTC / GMT / UT, or a region (None: a zone this reader does not know, e.g. Java's short ids)."""
-    import re
     import zoneinfo
 
     if zone in ("Z", "UTC", "GMT", "UT"):
@@ -301,8 +301,6 @@ def _zone_offset_s(zone: str, local: dt.datetime) -> int | None:
 
 def _spark_date(text: str) -> dt.date:
     """A date by Spark's stringToDate: [+-]yyyy[-[m]m[-[d]d]], anything after " " or "T" ignored."""
-    import re
-
     m = re.fullmatch(r"\s*([+-]?\d{4,7})(?:-(\d{1,2})(?:-(\d{1,2}))?)?(?:[ T].*)?\s*", text.replace("GMT", ""))
     try:
         return dt.date(int(m.group(1)), int(m.group(2) or 1), int(m.group(3) or 1))
