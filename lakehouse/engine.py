@@ -33,8 +33,10 @@ if TYPE_CHECKING:
 #: tests that hold them) onto the Arrow path at once; opt in per target or with the setting.
 BUILT_IN_DEFAULT = "spark"
 #: auto's threshold when neither the target nor the platform sets one (bytes of planned input):
-#: from bench/bench_small_batches.py (BENCHMARKS.md, issue 21)
-DEFAULT_ARROW_MAX_BYTES = 64 * 1024**2
+#: bench/bench_small_batches.py found Arrow faster end to end at every size it ran, up to its
+#: largest input (1M rows, 150 MB of JSON lines: 2.3x); past that nothing is measured, and the
+#: Arrow engine holds a batch in memory, so the default stops there (BENCHMARKS.md, issue 21)
+DEFAULT_ARROW_MAX_BYTES = 150_000_000
 
 
 @dataclass(frozen=True)
