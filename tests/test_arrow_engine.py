@@ -117,6 +117,9 @@ def test_failed_blocking_audit_keeps_branch_and_never_touches_main(lake, tmp_pat
     assert table.snapshot_by_id(main).summary.additional_properties.get("lakehouse.run_id") is None  # the empty fork point
     assert rows_of(lake, "bronze.events") == []
     assert len(rows_of(lake, "bronze.events", branch)) == 2
+    from lakehouse.branches import kept
+
+    assert "failed rule(s) enough" in kept(lake, "bronze.events")[branch]["reason"]  # kept for inspection
 
 
 def choice(platform, size: int):
