@@ -7,7 +7,7 @@ import re
 
 import sqlglot
 from sqlglot import exp
-from sqlglot.errors import ParseError, TokenError
+from sqlglot.errors import ErrorLevel, ParseError, SqlglotError, TokenError
 
 DIALECT = "spark"
 
@@ -186,3 +186,37 @@ def rewrite_tables(sql: str, mapping: dict[str, str], dialect: str = DIALECT) ->
         return node
 
     return tree.transform(swap).sql(dialect=dialect)
+
+
+# --------------------------------------------------------------------------- Spark SQL on DuckDB
+
+
+class DuckdbSqlError(ValueError):
+    """Spark SQL that cannot run on DuckDB as written (the message says what and how to fix it)."""
+
+
+def to_duckdb(sql: str) -> str:
+    """`sql` (Spark SQL) in DuckDB's dialect; raises DuckdbSqlError for what does not carry over."""
+    try:
+        tree = sqlglot.parse_one(sql, read=DIALECT)
+    except SqlglotError as exc:
+        raise DuckdbSqlError(f"cannot parse the SQL: {str(exc).splitlines()[0]}") from exc
+    unknown = sorted({f.name for f in tree.find_all(exp.Anonymous)})
+    if unknown:  # sqlglot passes unknown functions through by name: DuckDB may lack them or differ
+        raise DuckdbSqlError(
+            f"function(s) {', '.join(unknown)} have no known DuckDB equivalent (sqlglot does not translate "
+            "them); rewrite with standard functions or set sql_engine: spark")
+    try:
+        return tree.sql(dialect="duckdb", unsupported_level=ErrorLevel.RAISE)
+    except SqlglotError as exc:
+        raise DuckdbSqlError(f"does not transpile from Spark SQL to DuckDB: {str(exc).splitlines()[0]}; "
+                             "rewrite it or set sql_engine: spark") from exc
+
+
+def duckdb_problem(sql: str) -> str | None:
+    """Why `sql` cannot run on DuckDB, or None (the static check of `sql_engine: duckdb`)."""
+    try:
+        to_duckdb(sql)
+    except DuckdbSqlError as exc:
+        return str(exc)
+    return None

@@ -104,6 +104,14 @@ def check_stages(catalog: MetadataCatalog, locate: Locate, sql_file: SqlFile, *,
                 msg = (f"cannot parse SQL{pos}: {exc.reason}" if str(exc).startswith("cannot parse")
                        else f"the stage's SQL {exc}")
                 add(sql_location(locate, sql_file, stage, exc.line, exc.col), msg)
+        if stage.sql_engine == "duckdb" and stage.transformation:
+            from lakehouse.sqlparse import duckdb_problem
+
+            problem = duckdb_problem(stage.transformation)
+            if problem:
+                add(f"{locate('stages', stage.key())}.sql_engine",
+                    f"stage {stage.pipeline_id}.{stage.stage_name} runs on DuckDB, but its SQL "
+                    f"({sql_file(stage.key()) or 'transformation'}) {problem}")
         if stage.python_transformation is not None:
             problem = reference_problem(stage.python_transformation.function)
             if problem:

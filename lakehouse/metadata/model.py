@@ -176,6 +176,11 @@ class Stage(Entity):
         default=None, description="read only what the upstream committed since the last run (SQL stages over "
         "one upstream table whose target has write_mode overwrite, what a full recompute does)")
 
+    sql_engine: Literal["spark", "duckdb"] = Field(
+        default="spark", description="where a SQL stage's SELECT runs: spark, or duckdb over the pinned "
+        "upstream snapshots read through PyIceberg/Arrow (lakehouse.sources.duckdb_sql; no incremental block; "
+        "the SQL must transpile from Spark SQL), written through the same write-audit-publish")
+
     _v_name = field_validator("stage_name")(lambda cls, v: check_ident(v, "stage_name"))
 
     @model_validator(mode="before")
@@ -196,6 +201,11 @@ class Stage(Entity):
             raise ValueError("give one of transformation (SQL or python), transformation_file")
         if self.layer in ("bronze", "entity_raw") and not self.source_id:
             raise ValueError(f"a {self.layer} stage needs a source_id")
+        if self.sql_engine == "duckdb" and not (self.transformation or self.transformation_file):
+            raise ValueError("sql_engine: duckdb runs a SQL transformation: give transformation or transformation_file")
+        if self.sql_engine == "duckdb" and self.incremental is not None:
+            raise ValueError("sql_engine: duckdb does not read incremental change sets yet: drop `incremental` "
+                             "or run the stage on spark")
         if self.layer in ("silver", "gold") and not (self.transformation or self.transformation_file
                                                      or self.python_transformation or self.source_id):
             raise ValueError(f"a {self.layer} stage needs a transformation, a transformation_file or a source_id")

@@ -62,14 +62,21 @@ class SqlAdapter(SourceAdapter):
         yield Batch(self.run_sql(ctx, plan), {"lakehouse.upstream": _json(plan.upstream_snapshots)}, label="sql")
 
     def after_publish(self, ctx: StageContext, plan: ExtractPlan, outcome: StageOutcome) -> None:
-        """How an incremental stage read its upstream goes into the run's metadata."""
-        outcome.extra.update({k: v for k, v in ctx.report.items() if k.startswith(("incremental", "partition_window"))})
+        """How an incremental stage read its upstream, and a DuckDB stage's engine, go into the run's metadata."""
+        outcome.extra.update({k: v for k, v in ctx.report.items() if k.startswith(("incremental", "partition_window", "sql_engine"))})
 
     def run_sql(self, ctx: StageContext, plan: ExtractPlan, frames: Mapping[str, DataFrame] | None = None) -> DataFrame:
         """The stage's SQL over temp views of the pinned snapshots (identifiers never pasted raw);
         `frames` replaces an upstream's pinned snapshot (an incremental stage's change set)."""
         from pyspark.errors import AnalysisException
 
+        if ctx.stage.sql_engine == "duckdb":
+            if frames is None:
+                from lakehouse.sources.duckdb_sql import run_stage_sql
+
+                return run_stage_sql(ctx, plan)
+            # a backfill's partition window reads change sets as Spark frames: this read stays on Spark
+            ctx.report["sql_engine"] = "spark (a partition window's change sets are Spark frames)"
         spark = ctx.platform.spark()
         mapping = {}
         for ident, df in upstream_frames(ctx, plan).items():

@@ -1,0 +1,139 @@
+"""SQL stages on DuckDB (`sql_engine: duckdb`, lakehouse.sources.duckdb_sql): the demo's silver and gold SQL
+give the same tables on DuckDB as on Spark, read by an independent reader (PyIceberg) and checked
+against plain Python over the landed files; SQL that does not carry over to DuckDB, or an
+incremental DuckDB stage, is refused when the metadata is validated, naming the file and field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from lakehouse.demo import expected_daily, generate_user_events
+from lakehouse.metadata.loader import MetadataError, load_metadata
+from lakehouse.sources.duckdb_sql import query_arrow
+from lakehouse.sqlparse import duckdb_problem
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "metadata" / "demo"
+PIPE = "user_events_etl"
+
+#: the demo's silver and gold SQL once more, on DuckDB, into tables of their own
+DUCK = """
+targets:
+  - {target_id: silver_duck, namespace: silver, table: user_events_duck, write_mode: overwrite,
+     partition_spec: [{column: event_ts, transform: day}]}
+  - {target_id: gold_duck, namespace: gold, table: daily_user_events_duck, write_mode: overwrite,
+     partition_spec: [{column: event_date, transform: identity}]}
+stages:
+  - {pipeline_id: user_events_etl, stage_order: 4, stage_name: silver_duck, layer: silver, target_id: silver_duck,
+     transformation_file: sql/silver_user_events.sql, validation_set_id: silver_events_rules, sql_engine: duckdb}
+  - {pipeline_id: user_events_etl, stage_order: 5, stage_name: gold_duck, layer: gold, target_id: gold_duck,
+     transformation_file: sql/gold_daily_user_events.sql, validation_set_id: gold_daily_rules, sql_engine: duckdb}
+"""
+
+
+def _demo_with(tmp_path: Path, extra: str, sql: dict[str, str] | None = None) -> Path:
+    d = tmp_path / "meta"
+    for p in DEMO.rglob("*"):
+        if p.is_file():
+            (d / p.relative_to(DEMO)).parent.mkdir(parents=True, exist_ok=True)
+            (d / p.relative_to(DEMO)).write_text(p.read_text())
+    for name, text in (sql or {}).items():
+        (d / "sql" / name).write_text(text)
+    (d / "duck.yaml").write_text(extra)
+    return d
+
+
+# --------------------------------------------------------------------------- fast lane
+
+
+def test_demo_sql_on_duckdb_equals_plain_python_over_the_landed_files(tmp_path):
+    """The demo's silver then gold SQL on DuckDB over Arrow tables of the landed records (bronze as
+    Spark would write it: rows with an id, `_source_file` / `_ingested_at`) give the gold an
+    independent computation gives, and keep the latest record per event_id."""
+    landed = tmp_path / "landing"
+    generate_user_events(landed, rows=3000, files=3)
+    rows = []
+    for i, p in enumerate(sorted(landed.glob("*.jsonl"))):
+        for line in p.read_text().splitlines():
+            r = json.loads(line)
+            rows.append({**{k: r[k] for k in ("event_id", "user_id", "event_type", "event_ts", "country")},
+                         "device": r["context"]["device"], "_source_file": str(p), "_ingested_at": i})
+    bronze = pa.Table.from_pylist([r for r in rows if r["event_id"] is not None])
+    silver = query_arrow((DEMO / "sql" / "silver_user_events.sql").read_text().replace(
+        "bronze.user_events", "bronze_t"), {"bronze_t": bronze})
+    ids = silver.column("event_id").to_pylist()
+    assert len(ids) == len(set(ids)) == len({r["event_id"] for r in rows if r["event_id"]})
+    assert set(silver.column("event_type").to_pylist()) <= {"view", "click", "purchase", "signup"}
+    gold = query_arrow((DEMO / "sql" / "gold_daily_user_events.sql").read_text().replace(
+        "silver.user_events", "silver_t"), {"silver_t": silver})
+    got = {str(r["event_date"]): (r["total_events"], r["unique_users"]) for r in gold.to_pylist()}
+    assert got == expected_daily(landed)
+
+
+def test_sql_that_does_not_transpile_is_refused_at_validation_naming_file_and_field(tmp_path):
+    hinted = "SELECT /*+ BROADCAST(s) */ CAST(event_ts AS DATE) AS event_date, COUNT(*) AS total_events, " \
+             "COUNT(DISTINCT user_id) AS unique_users FROM silver.user_events AS s GROUP BY 1"
+    meta = _demo_with(tmp_path, DUCK.replace("sql/gold_daily_user_events.sql", "sql/hinted.sql"),
+                      {"hinted.sql": hinted})
+    with pytest.raises(MetadataError) as exc:
+        load_metadata(meta)
+    probs = [p for p in exc.value.problems if "sql_engine" in p]
+    assert len(probs) == 1, exc.value.problems
+    assert "duck.yaml: stages[1].sql_engine" in probs[0] and "hinted.sql" in probs[0], probs
+    assert "Hints are not supported" in probs[0] and "sql_engine: spark" in probs[0], probs
+    # a function sqlglot cannot translate is refused too, by name
+    assert "my_udf" in duckdb_problem("SELECT my_udf(a) FROM t")
+    assert duckdb_problem((DEMO / "sql" / "silver_user_events.sql").read_text()) is None
+
+
+def test_an_incremental_duckdb_stage_is_refused(tmp_path):
+    meta = _demo_with(tmp_path, DUCK.replace(
+        "sql_engine: duckdb}", "sql_engine: duckdb, incremental: {mode: merge, merge_keys: [event_id]}}", 1))
+    with pytest.raises(MetadataError) as exc:
+        load_metadata(meta)
+    assert any("duck.yaml" in p and "does not read incremental change sets" in p for p in exc.value.problems), \
+        exc.value.problems
+
+
+# --------------------------------------------------------------------------- Spark: through the WAP service
+
+
+def test_demo_silver_and_gold_on_duckdb_write_the_tables_spark_writes(platform, tmp_path):
+    """The whole demo on Spark, then its silver and gold SQL as DuckDB stages through the same
+    write-audit-publish: the same rows and the same schema in both pairs of tables (PyIceberg),
+    the gold as plain Python computes it, the rules evaluated, and the run says which engine ran."""
+    from lakehouse.runner import StageRunner
+
+    generate_user_events(platform.settings.landing_dir / "user_events", rows=2000, files=2)
+    platform.store.apply(load_metadata(_demo_with(tmp_path, DUCK)))
+    outcomes = {}
+    for name in ("bronze_ingest", "silver_clean", "gold_aggregate", "silver_duck", "gold_duck"):
+        r = StageRunner(platform, PIPE, name)
+        outcomes[name] = r.load(r.extract())
+        assert outcomes[name].published, (name, outcomes[name])
+    assert outcomes["silver_duck"].extra.get("sql_engine") == "duckdb"
+    assert outcomes["gold_duck"].extra.get("sql_engine") == "duckdb"
+    assert "sql_engine" not in outcomes["silver_clean"].extra
+    assert [c.rule.name for c in outcomes["silver_duck"].checks] == [
+        "event_id_unique", "known_event_type", "user_id_positive"]
+    assert all(c.passed for c in outcomes["silver_duck"].checks + outcomes["gold_duck"].checks)
+
+    cat = platform.pyiceberg_catalog()
+
+    def table(ident):
+        t = cat.load_table(ident)
+        return t.schema().as_struct(), sorted(map(tuple, (r.values() for r in t.scan().to_arrow().to_pylist())))
+
+    for spark_ident, duck_ident in (("silver.user_events", "silver.user_events_duck"),
+                                    ("gold.daily_user_events", "gold.daily_user_events_duck")):
+        (s_schema, s_rows), (d_schema, d_rows) = table(spark_ident), table(duck_ident)
+        assert [(f.name, str(f.field_type)) for f in s_schema.fields] == \
+               [(f.name, str(f.field_type)) for f in d_schema.fields], (spark_ident, s_schema, d_schema)
+        assert s_rows and s_rows == d_rows, spark_ident
+    gold = {str(r["event_date"]): (r["total_events"], r["unique_users"])
+            for r in cat.load_table("gold.daily_user_events_duck").scan().to_arrow().to_pylist()}
+    assert gold == expected_daily(platform.settings.landing_dir / "user_events")
