@@ -1,0 +1,174 @@
+"""The whole demo pipeline end to end: `lakehouse run user_events_etl` vs a hand-written PySpark script.
+
+    .venv/bin/python bench/bench_demo.py --rows 200000 --repeat 3
+
+Both sides run as fresh processes (cold JVM) on a fresh catalog and warehouse each round, with the
+same Spark settings (lakehouse.spark.spark_conf) over the same landed JSON lines (`lakehouse demo`):
+  * platform:     `lakehouse run user_events_etl` on the demo metadata as shipped (three stages,
+                  write-audit-publish on audit branches, rules as asset checks, quarantine, the
+                  incremental silver merge and gold partitions, checkpoints, run summary);
+  * hand-written: a PySpark script doing the same three stages: the same JSON read (declared
+                  schema, FAILFAST, `device` promoted, `_source_file` / `_ingested_at`), rows
+                  without an id appended to the quarantine table, bronze appended; the same
+                  de-duplicating silver SQL and the gold roll-up written to the same partition
+                  specs; the same rules of each stage counted in Spark.
+The sides alternate (the first side rotates per round); the ratio platform / hand-written of the
+medians is printed for wall time and for CPU time of the whole process tree, the JVM included
+(bench_ingest's `run`). `--event-log DIR` keeps Spark's event logs (spark.eventLog.*) per run,
+and `--jobs` prints how many Spark jobs each side ran: that count found the last big waste.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_ingest import PY, REPO, become_subreaper, run  # noqa: E402  (one copy of the timing helpers)
+
+PIPELINE = "user_events_etl"
+
+HANDWRITTEN = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from pyspark.sql import functions as F
+    from lakehouse.settings import load_settings
+    from lakehouse.spark import get_spark
+    t0 = time.monotonic()
+    spark = get_spark(load_settings(), app_name="handwritten")
+    meta = Path(sys.argv[2])
+    for ns in ("bronze", "silver", "gold"):
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS lake.{ns}")
+
+    # bronze: the declared schema, FAILFAST, device promoted, lineage columns; rows without an id quarantined
+    schema = ("event_id string, user_id bigint, event_type string, event_ts string, country string, "
+              "context struct<device:string,app_version:string>")
+    raw = (spark.read.schema(schema).option("mode", "FAILFAST").json(sys.argv[1] + "/*.jsonl")
+           .withColumn("device", F.col("context.device"))
+           .withColumn("_source_file", F.input_file_name()).withColumn("_ingested_at", F.current_timestamp()))
+    rows, missing = raw.agg(F.count(F.lit(1)), F.count_if(F.col("event_id").isNull())).first()
+    assert rows >= 1
+    (raw.where("event_id IS NULL").withColumn("_failed_rules", F.array(F.lit("event_id_present")))
+        .withColumn("_run_id", F.lit("hand")).withColumn("_quarantined_at", F.current_timestamp())
+        .withColumn("_quarantine_id", F.expr("uuid()"))
+        .writeTo("lake.bronze.user_events__quarantine").using("iceberg").createOrReplace())
+    (raw.where("event_id IS NOT NULL").writeTo("lake.bronze.user_events").using("iceberg")
+        .partitionedBy(F.col("event_type")).createOrReplace())
+
+    # silver: the demo's SQL, its three rules counted, written by day sorted by user_id
+    silver = spark.sql((meta / "sql" / "silver_user_events.sql").read_text().replace(
+        "bronze.user_events", "lake.bronze.user_events"))
+    spark.sql("CREATE TABLE lake.silver.user_events (event_id string, user_id bigint, event_type string, "
+              "event_ts timestamp, country string, device string) USING iceberg PARTITIONED BY (days(event_ts))")
+    spark.sql("ALTER TABLE lake.silver.user_events WRITE ORDERED BY user_id")
+    silver.writeTo("lake.silver.user_events").append()
+    s = spark.table("lake.silver.user_events")
+    counts = s.agg(F.count(F.lit(1)) - F.countDistinct("event_id"),
+                   F.count_if(~F.col("event_type").isin("view", "click", "purchase", "signup")),
+                   F.count_if(F.col("user_id") < 1)).first()
+    assert counts[0] == 0 and counts[1] == 0, counts
+
+    # gold: the demo's roll-up, its two rules counted, by event_date
+    gold = spark.sql((meta / "sql" / "gold_daily_user_events.sql").read_text().replace(
+        "silver.user_events", "lake.silver.user_events"))
+    gold.writeTo("lake.gold.daily_user_events").using("iceberg").partitionedBy(F.col("event_date")).createOrReplace()
+    g = spark.table("lake.gold.daily_user_events")
+    days, bad = g.agg(F.count(F.lit(1)), F.count_if(~F.expr("total_events >= unique_users"))).first()
+    assert days >= 1 and bad == 0
+    print("rows", rows, "quarantined", missing, "days", days, "seconds", round(time.monotonic() - t0, 2))
+    """
+)
+
+
+def spark_jobs(event_log: Path) -> int:
+    """Spark jobs a run started, from its event log (one `SparkListenerJobStart` line per job)."""
+    n = 0
+    for f in event_log.rglob("*"):
+        if f.is_file():
+            with f.open(encoding="utf-8", errors="replace") as fh:
+                n += sum(1 for line in fh if '"Event":"SparkListenerJobStart"' in line)
+    return n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--jobs", action="store_true", help="count each run's Spark jobs from its event log")
+    ap.add_argument("--baseline-repo", type=Path, default=None,
+                    help="another checkout whose platform is timed in the same rounds (before/after a change)")
+    args = ap.parse_args()
+    sides = ["platform", "handwritten"] + (["baseline"] if args.baseline_repo else [])
+    if not become_subreaper():
+        print("note: not a Linux child subreaper: CPU times leave out the JVMs")
+
+    work = Path(tempfile.mkdtemp(prefix="bench_demo_"))
+    landing = work / "landing"
+    env0 = {**os.environ, "LAKEHOUSE_HOME": str(work / "gen"), "LAKEHOUSE_LANDING_DIR": str(landing)}
+    subprocess.run([PY, "-m", "lakehouse.cli", "demo", "--rows", str(args.rows)], env=env0, cwd=REPO,
+                   check=True, capture_output=True)
+    meta = REPO / "metadata" / "demo"
+    times: dict[str, list[float]] = {}
+    cpus: dict[str, list[float]] = {}
+    jobs: dict[str, list[int]] = {}
+    try:
+        for r in range(args.repeat):
+            for side in sides[r % len(sides):] + sides[:r % len(sides)]:
+                home = work / f"{side}_{r}"
+                home.mkdir(parents=True)
+                env = {**os.environ, "LAKEHOUSE_HOME": str(home), "LAKEHOUSE_LANDING_DIR": str(landing)}
+                env.pop("DAGSTER_HOME", None)
+                if args.jobs:
+                    (home / "events").mkdir()
+                    env["LAKEHOUSE_SPARK_CONF__spark.eventLog.enabled"] = "true"
+                    env["LAKEHOUSE_SPARK_CONF__spark.eventLog.dir"] = "file://" + str(home / "events")
+                if side in ("platform", "baseline"):
+                    repo = REPO if side == "platform" else args.baseline_repo.resolve()
+                    if side == "baseline":  # its own lakehouse package, not this checkout's
+                        env["PYTHONPATH"] = str(repo)
+                    subprocess.run([PY, "-m", "lakehouse.cli", "metadata", "apply", str(repo / "metadata" / "demo")],
+                                   env=env, check=True, cwd=repo, capture_output=True)
+                    # exit 3: success with warnings (the rows without an id were quarantined)
+                    t, cpu = run([PY, "-m", "lakehouse.cli", "run", PIPELINE], env=env, cwd=repo, ok=(0, 3))
+                else:
+                    script = work / "hand.py"
+                    script.write_text(HANDWRITTEN)
+                    t, cpu = run([PY, str(script), str(landing / "user_events"), str(meta)], env=env)
+                times.setdefault(side, []).append(t)
+                cpus.setdefault(side, []).append(cpu)
+                note = ""
+                if args.jobs:
+                    jobs.setdefault(side, []).append(spark_jobs(home / "events"))
+                    note = f"  spark jobs {jobs[side][-1]}"
+                print(f"  round {r + 1} {side:11s} {t:7.1f} s  cpu {cpu:7.1f} s  load {os.getloadavg()[0]:.1f}{note}",
+                      flush=True)
+                if not args.keep:
+                    shutil.rmtree(home, ignore_errors=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    med = {s: statistics.median(v) for s, v in times.items()}
+    cmed = {s: statistics.median(v) for s, v in cpus.items()}
+    print(f"platform median {med['platform']:.1f} s | hand-written median {med['handwritten']:.1f} s | "
+          f"ratio {med['platform'] / med['handwritten']:.3f} (goal <= 1.10)")
+    print(f"CPU incl. JVM: platform median {cmed['platform']:.1f} s | hand-written median "
+          f"{cmed['handwritten']:.1f} s | ratio {cmed['platform'] / cmed['handwritten']:.3f}")
+    if args.baseline_repo:
+        print(f"baseline median {med['baseline']:.1f} s (CPU {cmed['baseline']:.1f} s) | platform / baseline "
+              f"{med['platform'] / med['baseline']:.3f} (CPU {cmed['platform'] / cmed['baseline']:.3f})")
+    if jobs:
+        print("spark jobs per run:", json.dumps(jobs))
+
+
+if __name__ == "__main__":
+    main()
