@@ -178,8 +178,9 @@ class Stage(Entity):
 
     sql_engine: Literal["spark", "duckdb"] = Field(
         default="spark", description="where a SQL stage's SELECT runs: spark, or duckdb over the pinned "
-        "upstream snapshots read through PyIceberg/Arrow (lakehouse.sources.duckdb_sql; no incremental block; "
-        "the SQL must transpile from Spark SQL), written through the same write-audit-publish")
+        "upstream snapshots read into memory through PyIceberg/Arrow, for small upstreams (lakehouse.sources."
+        "duckdb_sql; no incremental block; the SQL must transpile from Spark SQL), written through the same "
+        "write-audit-publish")
 
     _v_name = field_validator("stage_name")(lambda cls, v: check_ident(v, "stage_name"))
 

@@ -12,8 +12,8 @@ Two halves behind small functions, so the write side can change without touching
 The same SQL must give the same rows on both engines: sqlglot transpiles Spark's dialect to DuckDB's,
 and SQL it cannot carry over (an unsupported construct, a function it does not know for DuckDB) is
 refused when the metadata is validated (lakehouse.sqlparse.duckdb_problem, from
-lakehouse.metadata.checks), not
-mid-run. DuckDB's session time zone is set to Spark's (spark.sql.session.timeZone, UTC by default),
+lakehouse.metadata.checks), not mid-run. The upstream snapshots are read into memory: the engine
+is meant for small upstream tables (a gold roll-up over a modest silver table). DuckDB's session time zone is set to Spark's (spark.sql.session.timeZone, UTC by default),
 so casting a timestamp to a date gives the same day on both.
 """
 

@@ -63,7 +63,8 @@ class SqlAdapter(SourceAdapter):
 
     def after_publish(self, ctx: StageContext, plan: ExtractPlan, outcome: StageOutcome) -> None:
         """How an incremental stage read its upstream, and a DuckDB stage's engine, go into the run's metadata."""
-        outcome.extra.update({k: v for k, v in ctx.report.items() if k.startswith(("incremental", "partition_window", "sql_engine"))})
+        outcome.extra.update({k: v for k, v in ctx.report.items()
+                              if k.startswith(("incremental", "partition_window", "sql_engine"))})
 
     def run_sql(self, ctx: StageContext, plan: ExtractPlan, frames: Mapping[str, DataFrame] | None = None) -> DataFrame:
         """The stage's SQL over temp views of the pinned snapshots (identifiers never pasted raw);
