@@ -1,7 +1,7 @@
 """stages.sql_engine: a SQL stage may run its SELECT on DuckDB (lakehouse.sources.duckdb_sql, issue 21)
 
 Revision ID: 7c3d9e1f2a60
-Revises: 5b1e0c9a7d42
+Revises: dbefa67f8e56
 Create Date: 2026-11-23 23:10:00
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '7c3d9e1f2a60'
-down_revision = '5b1e0c9a7d42'
+down_revision = 'dbefa67f8e56'
 branch_labels = None
 depends_on = None
 
