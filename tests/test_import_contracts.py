@@ -22,6 +22,10 @@ import pytest
 from importlinter import configuration
 from importlinter.application import use_cases
 from importlinter.application.user_options import UserOptions
+from importlinter.contracts.forbidden import ForbiddenContract
+from importlinter.contracts.independence import IndependenceContract
+from importlinter.contracts.layers import LayersContract
+from importlinter.domain.contract import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +34,10 @@ configuration.configure()
 
 def broken_contracts(options: UserOptions) -> list[str]:
     """The names of the contracts the code breaks (and any contract that could not be checked)."""
-    use_cases._register_contract_types(options)  # what `lint-imports` does first (no public call for it)
+    # what `lint-imports` does first; its own function for it is private and was renamed in 2.17
+    for name, contract_type in (("forbidden", ForbiddenContract), ("layers", LayersContract),
+                                ("independence", IndependenceContract)):
+        registry.register(contract_type, name)
     report = use_cases.create_report(options, cache_dir=None)
     broken = [contract.name for contract, check in report.get_contracts_and_checks() if not check.kept]
     return broken + [f"{name} (invalid: {exc})" for name, exc in report.invalid_contract_options.items()]
