@@ -222,7 +222,11 @@ class WriteAuditPublish:
             outcome.extra["throttle_wait_s"] = round(throttle.waited_s, 3)
         outcome.quarantined_rows = session.quarantined_rows
         if not session.created:
-            outcome.skipped_reason = "no readable input"
+            quarantined = ctx.report.get("quarantined_files") or []
+            outcome.skipped_reason = "no readable input" + (
+                f": {len(quarantined)} file(s) quarantined ({', '.join(q['key'] for q in quarantined[:5])}"
+                f"{', …' if len(quarantined) > 5 else ''}; reasons in the audit log, event file_quarantined)"
+                if quarantined else "")
             outcome.published = True
             outcome.duration_s = time.monotonic() - t0
             return Audited(None, outcome, t0)

@@ -357,3 +357,46 @@ def test_rules_that_cannot_be_evaluated_fail_only_their_own_check(platform, tmp_
     with pytest.raises(AuditFailed, match="random_pick: rule 'random_pick': expression 'rand\\(\\) < 2' is not "
                                           "deterministic"):
         run(platform)
+
+
+def test_a_first_run_whose_files_are_all_quarantined_skips_downstream_with_the_reason(platform, tmp_path, unique_ns):
+    """Nothing published upstream yet (every file quarantined): the SQL stage below skips, naming the
+    missing table, instead of failing on it; both run once a good file lands."""
+    ident = f"b_{unique_ns}.events"
+    (tmp_path / "both.yaml").write_text(f"""
+pipelines:
+  - {{pipeline_id: p}}
+sources:
+  - {{source_id: raw, kind: files, format: jsonl, path: in, glob: "*.jsonl"}}
+targets:
+  - {{target_id: bronze_t, namespace: b_{unique_ns}, table: events, write_mode: append}}
+  - {{target_id: silver_t, namespace: s_{unique_ns}, table: events, write_mode: overwrite}}
+stages:
+  - {{pipeline_id: p, stage_order: 1, stage_name: ingest, layer: bronze, source_id: raw, target_id: bronze_t}}
+  - pipeline_id: p
+    stage_order: 2
+    stage_name: clean
+    layer: silver
+    target_id: silver_t
+    transformation: "SELECT id, amount FROM {ident} WHERE id IS NOT NULL"
+""")
+    platform.store.apply(load_metadata(tmp_path / "both.yaml"))
+    (platform.settings.landing_dir / "in").mkdir(parents=True, exist_ok=True)
+    (platform.settings.landing_dir / "in" / "bad.jsonl").write_text('{"id": "a", "amount": \n garbage\n')
+
+    _, _, bronze = run(platform)
+    assert not platform.tables().exists(ident)
+    assert bronze.skipped_reason.startswith("no readable input: 1 file(s) quarantined (bad.jsonl")
+    silver = StageRunner(platform, "p", "clean")
+    plan = silver.extract()
+    outcome = silver.load(plan)
+    assert outcome.skipped_reason and f"upstream {ident} does not exist yet" in outcome.skipped_reason
+    assert not platform.tables().exists(f"s_{unique_ns}.events")
+    logged = platform.store.audit_entries(run_id=silver.run_id, event="upstream_missing")
+    assert [e.dataset for e in logged] == [f"s_{unique_ns}.events"] and ident in logged[0].message
+
+    land(platform, "good.jsonl", events("g"))
+    assert run(platform)[2].rows_written == 3
+    silver = StageRunner(platform, "p", "clean")
+    assert silver.load(silver.extract()).rows_written == 3
+    assert sorted(r["id"] for r in table_rows(platform, f"s_{unique_ns}.events")) == ["g-0", "g-1", "g-2"]
