@@ -38,7 +38,6 @@ from lakehouse.control.healing import run_with_healing
 from lakehouse.core import AuditFailed, Batch, DatasetDisabled, ExtractPlan, StageContext, StageDisabled, StageOutcome
 from lakehouse.engine import SparkEngine
 from lakehouse.iceberg import IcebergTables, branch_name_for_run
-from lakehouse.lineage.datahub import emit_stage_run
 from lakehouse.publish import Superseded, remainder_plan
 from lakehouse.throughput.ratelimit import StageThrottle
 from lakehouse.validation import history
@@ -271,6 +270,8 @@ class WriteAuditPublish:
         ctx.audit("audit_failed", outcome="not_published", message=names, details={"branch": branch})
         keep_failed_audit(ctx.platform, session.branch_tables(), branch, ctx.run_id, f"failed rule(s) {names}")
         outcome.duration_s = time.monotonic() - t0
+        from lakehouse.lineage.datahub import emit_stage_run  # acryl-datahub: imported by runs, not by every code load
+
         emit_stage_run(ctx, None, outcome, success=False)  # the failed run and its assertions
         why = "; ".join(f"{c.rule.name}: {c.message}" for c in failures if c.message)
         failed = AuditFailed(

@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 
 import dagster as dg
-from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
 from lakehouse.platform import Platform
-from lakehouse.s3access import S3Clients, s3_resource
+from lakehouse.s3access import S3Clients
 from lakehouse.settings import ENV_VARS, Settings, load_settings
 
 _UNSET = "Unset: the environment variable of the same setting (lakehouse.settings.ENV_VARS), else the embedded default."
@@ -43,14 +42,19 @@ class LakehouseResource(dg.ConfigurableResource):
     spark_packages: str | None = Field(default=None, description=f"spark.jars.packages. {_UNSET}")
     s3_endpoint_url: str | None = Field(default=None, description=f"S3 endpoint for the platform. {_UNSET}")
     datahub_gms_url: str | None = Field(default=None, description=f"DataHub GMS URL. {_UNSET}")
-    s3: S3Resource | None = None  # None: the same resource class configured from settings (as the CLI)
+    # dagster-aws's S3Resource. Typed as any resource so that importing the code location does not
+    # import dagster-aws (its package imports Dagster's components and test utilities: ~1.4 s of CPU
+    # in every process that loads the definitions, a run worker's included). None: the platform makes
+    # the same S3Resource from settings when a step first needs S3 (lakehouse.s3access.s3_resource).
+    s3: dg.ConfigurableResource | None = None
 
     @classmethod
     def from_settings(cls) -> LakehouseResource:
         """The resource as the code location configures it: each setting the environment sets, as
-        an `EnvVar` (resolved by Dagster in the process that runs the step); S3 from settings."""
+        an `EnvVar` (resolved by Dagster in the process that runs the step); S3 from settings, made
+        when first used."""
         configured = {name: dg.EnvVar(var) for name, var in ENV_VARS.items() if os.environ.get(var)}
-        return cls(s3=s3_resource(None), **configured)
+        return cls(**configured)
 
     def settings(self) -> Settings:
         """Settings from this resource's fields, the environment filling what they leave unset.

@@ -83,6 +83,26 @@ def test_migrations_at_head_build_exactly_the_schema(tmp_path, engine, request):
     eng.dispose()
 
 
+def test_the_head_read_without_alembic_is_alembics_and_an_up_to_date_db_is_not_migrated_again(tmp_path):
+    """Every process opening the control DB checks it is at the newest revision; when it is, that
+    check reads the scripts' revision lines and one row, without loading Alembic."""
+    assert migrate.script_head() == migrate.head()
+    eng = sa.create_engine(f"sqlite:///{tmp_path / 'control.db'}")
+    migrate.upgrade(eng)
+    migrate.forget(eng)  # a new process
+    code = ("import sys; import sqlalchemy as sa; from lakehouse.metadata import migrate; "
+            f"migrate.upgrade(sa.create_engine({str(eng.url)!r})); print('alembic' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    with eng.begin() as conn:  # one revision behind: the same check migrates it, with Alembic
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = 'dbefa67f8e56'"))
+        conn.execute(sa.text("ALTER TABLE stages DROP COLUMN sql_engine"))
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
+    assert migrate.current(eng) == migrate.head() and _diff(eng) == []
+    eng.dispose()
+
+
 def _pre_alembic_db(url: str, tmp_path) -> sa.Engine:
     """A control DB as the code before migrations left it: every table made by `create_all` over the
     same definitions, rows in them, no alembic_version."""

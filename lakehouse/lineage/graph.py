@@ -18,12 +18,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import sqlalchemy as sa
 
 from lakehouse.metadata.derive import StageDerivation
 from lakehouse.metadata.model import DatasetLineage, DatasetRecoveryPath, MetadataCatalog, Stage
+
+if TYPE_CHECKING:  # networkx is imported where a graph is built: a stage run asks only for edges (~0.3 s)
+    import networkx as nx
 
 STAGE_PREFIX = "stage:"
 ALT_PREFIX = "alternative:"
@@ -169,6 +172,8 @@ def _is_derived(e: DatasetLineage) -> bool:
 
 
 def build_graph(catalog: MetadataCatalog) -> nx.DiGraph:
+    import networkx as nx
+
     g = nx.DiGraph()
     for s in catalog.sources:
         g.add_node(s.source_id, kind="source", source_kind=s.kind)
@@ -213,6 +218,8 @@ def routes(graph: nx.DiGraph, dataset_id: str, limit: int = MAX_ROUTES) -> list[
     """
     if dataset_id not in graph:
         raise KeyError(f"unknown dataset {dataset_id!r}; known: {sorted(graph.nodes)}")
+    import networkx as nx
+
     anc = nx.ancestors(graph, dataset_id)
     if not anc:
         return []

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import networkx as nx
 import yaml
 from pydantic import ValidationError
 
@@ -256,6 +255,8 @@ def check_references(loaded: LoadedMetadata, live=None, baseline=None) -> None:
                     f"{_where(loaded, 'targets', t.key())}: table {ident} is also target {seen_idents[ident]!r}"
                 )
             seen_idents[ident] = t.target_id
+
+    import networkx as nx  # validation only: loading the control DB's catalog (every step) does not need it
 
     graph = nx.DiGraph()
     target_writers: dict[str, tuple] = {}

@@ -1,10 +1,10 @@
 """Source adapters: one per kind of input, found by kind (see `lakehouse.sources.base`).
 
-Importing this package registers every built-in kind; `adapter_for(kind)` is the one lookup the
-rest of the platform uses.
+`adapter_for(kind)` is the one lookup the rest of the platform uses. A built-in kind's module is
+imported when its adapter is first asked for (as PyIceberg loads a FileIO by scheme): a run of a
+files stage never imports the JDBC, SQL (sqlglot) or Python adapters and what they pull in.
 """
 
-from lakehouse.sources import entity_raw, files, iceberg, jdbc, python, s3, sql  # noqa: F401 - registers the kinds
 from lakehouse.sources.base import SourceAdapter, register, registered_adapter, registered_kinds
 
 adapter_for = registered_adapter

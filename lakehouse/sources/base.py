@@ -109,12 +109,21 @@ def register(cls: type[SourceAdapter]) -> type[SourceAdapter]:
     return cls
 
 
+#: kind -> the module that registers its adapter, imported on the kind's first lookup
+BUILT_IN = {kind: f"lakehouse.sources.{kind}" for kind in ("entity_raw", "files", "iceberg", "jdbc", "python",
+                                                           "s3", "sql")}
+
+
 def registered_adapter(kind: str) -> SourceAdapter:
+    if kind not in _REGISTRY and kind in BUILT_IN:
+        import importlib
+
+        importlib.import_module(BUILT_IN[kind])
     try:
         return _REGISTRY[kind]
     except KeyError:
-        raise KeyError(f"no source adapter for kind {kind!r}; known kinds: {sorted(_REGISTRY)}") from None
+        raise KeyError(f"no source adapter for kind {kind!r}; known kinds: {registered_kinds()}") from None
 
 
 def registered_kinds() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(set(_REGISTRY) | set(BUILT_IN))
