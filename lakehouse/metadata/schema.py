@@ -90,6 +90,7 @@ audit_log = sa.Table(
     sa.Column("duration_ms", sa.BigInteger),
     sa.Column("details", sa.Text),
     sa.Index("ix_audit_pipeline_ts", "pipeline_id", "ts"),
+    sa.Index("ix_audit_run", "run_id"),  # a run's own rows: run summaries, `lakehouse audit --run`, tests
 )
 
 # What `apply` derives per stage from its SQL and rules (lakehouse.metadata.derived): read when the
