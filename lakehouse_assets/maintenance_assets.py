@@ -5,20 +5,26 @@ The asset is ONE op per namespace: it maintains the namespace's tables one after
 metadata says at run time (a table added since the last reload is maintained too, a changed policy
 applies without a reload), and sums the results into the materialization metadata. One op per table
 (each in the table's `target:<id>` pool) cost the code server about 5 s of CPU per load at 1,000
-pipelines (3,000 ops in the maintenance graphs and their jobs: issue 22), for a throttle that
-maintenance does not need: a namespace's maintenance runs in its own pool (`maintenance:<ns>`, so
-two runs of it never overlap), each table's procedures run under the table's publish lock
-(lakehouse.coordination: a maintenance commit never lands between a publisher's check and its
-commit; publishers of that table queue behind it), and orphan files are never removed while a run
-holds a lease on the table (lakehouse.maintenance)."""
+pipelines (3,000 ops in the maintenance graphs and their jobs: issue 22). Instead a namespace's
+maintenance runs in its own pool (`maintenance:<ns>`, so two runs of it never overlap) and, while it
+works on a table that a stage writes, holds a slot of the table's `target:<id>` pool, the pool of
+the target's load ops (lakehouse_assets.pool_slots: it waits while loads fill the pool, so loads
+and maintenance together never exceed the target's limit). Each table's procedures run under the
+table's publish lock (lakehouse.coordination: a maintenance commit never lands between a
+publisher's check and its commit; publishers of that table queue behind it), and orphan files are
+never removed while a run holds a lease on the table (lakehouse.maintenance)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import dagster as dg
 
 from lakehouse import maintenance
 from lakehouse.coordination import publish_lock
 from lakehouse.metadata.model import MetadataCatalog, Target
+from lakehouse_assets.pool_slots import pool_slot
 
 GROUP = "maintenance"
 
@@ -29,6 +35,21 @@ def asset_key(namespace: str) -> dg.AssetKey:
 
 def pool(namespace: str) -> str:
     return f"maintenance:{namespace}"
+
+
+def target_pool(catalog: MetadataCatalog, target: Target) -> str | None:
+    """The pool the target's load ops claim (factory: `target:<id>`), if a stage writes it; entity_raw
+    tables are loaded in their source's pool, with no target pool to share."""
+    return f"target:{target.target_id}" if catalog.stage_for_target(target.target_id) is not None else None
+
+
+@contextmanager
+def _table_slot(context, pool: str | None) -> Iterator[float]:
+    if pool is None:
+        yield 0.0
+    else:
+        with pool_slot(context, pool) as waited:
+            yield waited
 
 
 def _results_table(rows: list[dict]) -> str:
@@ -46,8 +67,12 @@ def _maintain(context: dg.AssetExecutionContext, namespace: str) -> dg.Materiali
     rows, failed = [], []
     for target in maintenance.namespaces(catalog).get(namespace, []):
         try:
-            with publish_lock(platform, target.identifier):
+            # the pool slot first, then the lock: the order a load takes them (its op's slot, then publish)
+            with _table_slot(context, target_pool(catalog, target)) as waited, \
+                    publish_lock(platform, target.identifier):
                 res = maintenance.maintain(platform, target, run_id=context.run_id, catalog=catalog)
+            if waited >= 0.05:
+                res["pool_wait_s"] = round(waited, 1)
         except Exception as exc:  # noqa: BLE001 - audited by maintain(); the namespace's other tables go on
             context.log.error(f"{target.identifier}: maintenance failed: {type(exc).__name__}: {exc}")
             failed.append(f"{target.identifier}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")

@@ -5,7 +5,8 @@ identical (PyIceberg, an independent reader), old snapshots are expired but a ke
 branch and its rows stay readable, and so does the snapshot an incremental consumer recorded as read;
 an orphan file older than the minimum age is removed and a younger one (a concurrent writer's,
 perhaps) is kept; results land in the audit log. `--dry-run` changes nothing. The per-namespace
-maintenance asset materializes with the results as metadata.
+maintenance asset materializes with the results as metadata, and holds a slot of each table's target
+pool while it maintains it (waits while loads fill the pool; freed after success, failure, termination).
 """
 
 from __future__ import annotations
@@ -150,3 +151,129 @@ def test_maintenance_asset_materializes_with_results(platform, spark, tmp_path, 
     assert f"| {ident} | compact, expire, orphans |" in md["results"].value
     assert f"| {unique_ns}.events_daily | the table does not exist yet |" in md["results"].value
     assert maintenance.table_state(tables, ident, maintenance.MB).data_files == 1
+
+
+def _staged_metadata(tmp_path: Path, ns: str) -> Path:
+    """One stage writing `<ns>.events` (so its load ops claim pool `target:events`), one table nobody writes."""
+    f = tmp_path / "maint_pool.yaml"
+    f.write_text(f"""
+pipelines:
+  - {{pipeline_id: p_{ns}}}
+sources:
+  - {{source_id: src_{ns}, kind: files, format: jsonl, path: landing, columns: [{{name: id, type: bigint}}, {{name: v, type: string}}]}}
+targets:
+  - target_id: events
+    namespace: {ns}
+    table: events
+    maintenance: {{small_file_mb: 1, compact_min_small_files: 2, rewrite_manifests: false}}
+stages:
+  - {{pipeline_id: p_{ns}, stage_order: 1, stage_name: ingest, layer: bronze, source_id: src_{ns}, target_id: events}}
+""")
+    return f
+
+
+def test_maintenance_holds_a_slot_of_the_target_pool(platform, spark, tmp_path, unique_ns):
+    """Per table, the namespace's maintenance op holds a slot of the table's `target:<id>` pool, the
+    pool its load ops claim. On a persistent instance (pools are ignored by ephemeral ones) with that
+    pool at limit 1 held by another claimant (a load), maintenance waits and compacts nothing; once
+    the slot is freed it proceeds (its commit is later than the freeing: PyIceberg reads the snapshot
+    times). Its slot is freed after it, after a failure (a data file lost) and when the run is
+    terminated while it waits."""
+    import threading
+
+    import dagster as dg
+
+    from lakehouse_assets.maintenance_assets import maintenance_definitions, target_pool
+    from resources import LakehouseResource
+    from tests.fixtures.dagster_daemon import write_instance_config
+
+    platform.store.apply(load_metadata(_staged_metadata(tmp_path, unique_ns)))
+    catalog = platform.catalog()
+    pool = target_pool(catalog, catalog.target("events"))
+    assert pool == "target:events"
+    tables = platform.tables()
+    ident = f"{unique_ns}.events"
+    q = tables.qualified(ident)
+    spark.sql(f"CREATE TABLE {q} (id BIGINT, v STRING) USING iceberg")
+    for i in range(4):
+        spark.createDataFrame([(i, "x")], "id BIGINT, v STRING").coalesce(1).writeTo(q).append()
+    home = tmp_path / "dagster_home"
+    write_instance_config(home, max_concurrent_runs=1, tag_concurrency_limits=None, default_pool_limit=None,
+                          module="lakehouse_assets.definitions", location_name="lakehouse")
+    instance = dg.DagsterInstance.from_config(str(home))
+    storage = instance.event_log_storage
+    storage.set_concurrency_slots(pool, 1)
+    [asset] = maintenance_definitions(catalog)["assets"]
+
+    def info():
+        return storage.get_concurrency_info(pool)
+
+    def launch(outcome: dict) -> threading.Thread:
+        def body():
+            try:
+                outcome["result"] = dg.materialize([asset], instance=instance, raise_on_error=False,
+                                                   resources={"lakehouse": LakehouseResource()})
+            except BaseException as exc:  # noqa: BLE001 - shown by the assertions
+                outcome["error"] = exc
+        t = threading.Thread(target=body, daemon=True)
+        t.start()
+        return t
+
+    def wait_pending(t: threading.Thread) -> str:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and t.is_alive():
+            pending = [p for p in info().pending_steps if p.run_id != "load-run"]
+            if pending:
+                return pending[0].run_id
+            time.sleep(0.2)
+        raise AssertionError(f"maintenance never queued for {pool}: {info()}")
+
+    # 1. a load holds the pool's only slot: maintenance waits for it, then proceeds
+    assert storage.claim_concurrency_slot(pool, "load-run", "p__ingest__load").is_claimed
+    outcome: dict = {}
+    t = launch(outcome)
+    run_id = wait_pending(t)
+    time.sleep(3)
+    assert t.is_alive() and maintenance.table_state(tables, ident, maintenance.MB).data_files == 4  # nothing done
+    assert [(s.run_id, s.step_key) for s in info().claimed_slots] == [("load-run", "p__ingest__load")]
+    freed_ms = int(time.time() * 1000)
+    storage.free_concurrency_slot_for_step("load-run", "p__ingest__load")
+    t.join(300)
+    assert outcome["result"].success, outcome
+    md = platform.pyiceberg_catalog().load_table(ident).metadata
+    assert md.snapshots[-1].summary.operation.value == "replace"  # the compaction, committed after the slot was freed
+    assert md.snapshots[-1].timestamp_ms >= freed_ms
+    assert maintenance.table_state(tables, ident, maintenance.MB).data_files == 1
+    [mat] = outcome["result"].get_asset_materialization_events()
+    assert f"| {ident} | compact" in mat.materialization.metadata["results"].value
+    assert info().claimed_slots == [] and info().pending_steps == []  # its slot is freed
+    [entry] = [e for e in platform.store.audit_entries(limit=20) if e.event == maintenance.AUDIT_EVENT
+               and e.run_id == run_id]
+    assert entry.outcome == "success"
+
+    # 2. a failure (a data file of the table is lost): the step fails, the slot is freed all the same
+    for i in range(3):
+        spark.createDataFrame([(10 + i, "y")], "id BIGINT, v STRING").coalesce(1).writeTo(q).append()
+    lost = next(iter(platform.pyiceberg_catalog().load_table(ident).scan().plan_files())).file.file_path
+    Path(lost.removeprefix("file:")).unlink()
+    outcome = {}
+    t = launch(outcome)
+    t.join(300)
+    assert not outcome["result"].success
+    assert "maintenance of 1 table(s)" in str(outcome["result"].get_step_failure_events()[0].event_specific_data.error)
+    assert info().claimed_slots == [] and info().pending_steps == []
+
+    # 3. the run is terminated while maintenance waits for the slot: it stops waiting, its claim is dropped
+    assert storage.claim_concurrency_slot(pool, "load-run", "p__ingest__load").is_claimed
+    outcome = {}
+    t = launch(outcome)
+    run_id = wait_pending(t)
+    instance.report_run_canceling(instance.get_run_by_id(run_id))
+    t.join(120)
+    assert not t.is_alive() and "error" not in outcome, outcome
+    [failure] = outcome["result"].get_step_failure_events()  # Dagster's interrupt: the step failed, not retried
+    assert failure.event_specific_data.error_source.value == "INTERRUPT"
+    assert "is being terminated: stopped waiting for a slot of pool target:events" in str(
+        failure.event_specific_data.error), failure
+    assert [(s.run_id, s.step_key) for s in info().claimed_slots] == [("load-run", "p__ingest__load")]
+    assert [p.run_id for p in info().pending_steps] == ["load-run"]

@@ -1,0 +1,80 @@
+"""A slot of a second Dagster pool, held by an op for part of its work.
+
+An op sits in one pool only (Dagster's `pool=`). The maintenance op of a namespace runs in pool
+`maintenance:<ns>` and works on the namespace's tables one after another; while it works on a table
+it must also hold a slot of that table's `target:<id>` pool, the pool the target's load ops claim,
+so that maintenance and loads together never exceed the target's limit. One op per table would
+get that from `pool=` alone, but cost the code server seconds of CPU per load at 1,000 pipelines
+(BENCHMARKS.md, issue 22).
+
+`pool_slot` claims through Dagster's own `InstanceConcurrencyContext`, the object the step executor
+claims an op's pool with (dagster `_core.execution.plan.active`), so the claim behaves as a step's:
+its priority is the run's `dagster/priority` plus the op's; a pool with no limit gets the instance's
+`concurrency.pools.default_limit`; the storage is asked at the executor's backoff (1 s growing to
+15 s); with `pools.granularity: run` nothing is claimed (the run coordinator gates whole runs then,
+and load ops claim nothing either); an ephemeral instance enforces no pool, as for every op.
+
+The claim is made for the step key `<op step key>[<pool>]`: Dagster frees slots per (run, step key),
+so freeing this one never frees the op's own slot of its pool. While the pool is full the op waits
+and polls the run: a run being terminated (CANCELING, or the interrupt Dagster raises in the op)
+stops the wait. The slot is freed when the block ends, also on an error; a run worker that dies
+leaves it to run monitoring, which frees every slot of an ended run after
+`run_monitoring.free_slots_after_run_end_seconds`, as for any step's slot.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import dagster as dg
+from dagster._core.errors import DagsterExecutionInterruptedError
+from dagster._core.execution.plan.instance_concurrency_context import InstanceConcurrencyContext
+from dagster._core.storage.tags import PRIORITY_TAG
+
+POLL_SECONDS = 1.0
+TERMINATING = (dg.DagsterRunStatus.CANCELING, dg.DagsterRunStatus.CANCELED)
+
+
+def claimant(step_key: str, pool: str) -> str:
+    """The step key a slot of `pool` is claimed under (shown as such in the UI's pool page)."""
+    return f"{step_key}[{pool}]"
+
+
+def _step_key(context) -> str:
+    return context.get_step_execution_context().step.key
+
+
+def _op_priority(context) -> int:
+    try:
+        return int((context.op_def.tags or {}).get(PRIORITY_TAG, 0))
+    except ValueError:
+        return 0
+
+
+@contextmanager
+def pool_slot(context: dg.OpExecutionContext | dg.AssetExecutionContext, pool: str, *,
+              poll_seconds: float = POLL_SECONDS) -> Iterator[float]:
+    """Hold one slot of `pool` for the block; yields the seconds waited for it."""
+    instance, run = context.instance, context.run
+    key = claimant(_step_key(context), pool)
+    started = time.monotonic()
+    with InstanceConcurrencyContext(instance, run) as slots:  # its exit drops a claim still pending
+        told = False
+        while not slots.claim(pool, key, _op_priority(context)):
+            if not told:
+                context.log.info(f"waiting for a slot of pool {pool} (its limit is reached)")
+                told = True
+            current = instance.get_run_by_id(run.run_id)
+            if current is not None and current.status in TERMINATING:
+                raise DagsterExecutionInterruptedError(f"run {run.run_id} is being terminated: stopped waiting for "
+                                                       f"a slot of pool {pool}")
+            time.sleep(poll_seconds)
+        waited = time.monotonic() - started
+        if told:
+            context.log.info(f"slot of pool {pool} claimed after {waited:.1f} s")
+        try:
+            yield waited
+        finally:
+            slots.free_step(key)
