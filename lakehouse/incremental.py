@@ -283,10 +283,11 @@ class IncrementalRead:
         self.ctx.audit("partition_window", outcome="rewrite", message=what,
                        details={"start": str(start), "end": str(end), "upstream": self.upstream, "end_snapshot": self.end})
         self.ctx.report["partition_window"] = f"{start}..{end}"
+        # the reader first: it starts Spark, which F.expr needs (a run worker has none before it)
+        reader = self._reader(**({"snapshot_id": self.end} if self.end is not None else {}))
         expr = F.expr(tp.upstream) if tp.upstream else F.col(tp.column)
         cat = self.ctx.platform.settings.catalog_name
-        rows = self._reader(**({"snapshot_id": self.end} if self.end is not None else {})).load(
-            f"{cat}.{self.upstream}").where(_in(expr, days))
+        rows = reader.load(f"{cat}.{self.upstream}").where(_in(expr, days))
         # Iceberg refuses an overwrite-by-filter whose new files hold rows outside the filter: a wrong
         # `upstream` expression fails the write instead of touching other days
         yield Batch(self.run_sql(self.ctx, self.plan, {self.upstream: rows}), props, label=f"days {start}..{end}",
