@@ -1,38 +1,27 @@
-"""`lakehouse backfill PIPELINE --from DAY --to DAY`: rewrite those days of a pipeline's
-time-partitioned targets (metadata `time_partition`), each stage with write-audit-publish.
+"""`lakehouse backfill PIPELINE --from PERIOD --to PERIOD`: rewrite those periods (days, hours or
+months) of a pipeline's time-partitioned targets (metadata `time_partition`), each stage with
+write-audit-publish.
 
 The same run a Dagster backfill of the range makes (single-run policy): the stage gets the range as
-its partition run tags, recomputes those days from their upstream rows and replaces exactly those
-partitions (lakehouse.incremental.IncrementalRead.window_batches). Stages of other targets are left
-alone: they have no days to rewrite.
+its partition run tags (Dagster partition keys of its granularity), recomputes those periods from
+their upstream rows and replaces exactly those partitions
+(lakehouse.incremental.IncrementalRead.window_batches). Stages of other targets are left alone: they
+have no periods to rewrite.
 """
 
 from __future__ import annotations
 
-from datetime import date
-
 from lakehouse.cli import EXTRA_COMMANDS, _print_table
+from lakehouse.metadata import periods
 from lakehouse.runner import Platform
 
-COLUMNS = ["stage", "table", "days", "rows_written", "snapshot_id", "published", "skipped"]
-
-
-def _day(text: str) -> date:
-    import argparse
-
-    try:
-        return date.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a day (YYYY-MM-DD)") from None
+COLUMNS = ["stage", "table", "partitions", "rows_written", "snapshot_id", "published", "skipped"]
 
 
 def cmd_backfill(args) -> int:
     from lakehouse.incremental import RANGE_END_TAG, RANGE_START_TAG
     from lakehouse.runner import StageRunner
 
-    if args.end < args.start:
-        print(f"--to {args.end} is before --from {args.start}")
-        return 2
     platform = Platform.from_env()
     catalog = platform.catalog()
     stages = [s for s in sorted(catalog.stages, key=lambda s: s.stage_order) if s.pipeline_id == args.pipeline
@@ -42,20 +31,33 @@ def cmd_backfill(args) -> int:
         print(f"pipeline {args.pipeline!r} has no stage writing a time-partitioned target"
               + (f" named {args.stage!r}" if args.stage else "") + " (metadata targets[].time_partition)")
         return 2
-    for stage in stages:
-        first = catalog.target(stage.target_id).time_partition.start_date
-        if args.start < first:
-            print(f"--from {args.start} is before the first partition of {catalog.target(stage.target_id).identifier}, "
-                  f"{first} (time_partition.start_date)")
+    windows = {}
+    for stage in stages:  # every stage's range is checked before any runs
+        target = catalog.target(stage.target_id)
+        tp = target.time_partition
+        g = tp.granularity
+        try:
+            start, end = periods.parse(g, args.start), periods.parse(g, args.end)
+        except ValueError as exc:
+            print(f"{target.identifier} has {periods.ADJECTIVE[g]} partitions: --from/--to {exc}")
             return 2
-    tags = {RANGE_START_TAG: args.start.isoformat(), RANGE_END_TAG: args.end.isoformat(), "lakehouse/backfill": "cli"}
+        if end < start:
+            print(f"--to {args.end} is before --from {args.start}")
+            return 2
+        first = periods.first(g, tp.start_date)
+        if start < first:
+            print(f"--from {args.start} is before the first partition of {target.identifier}, "
+                  f"{periods.key(g, first)} (time_partition.start_date)")
+            return 2
+        windows[stage.stage_name] = (periods.key(g, start), periods.key(g, end))
     rows = []
     for stage in stages:
+        first_key, last_key = windows[stage.stage_name]
         runner = StageRunner(platform, stage.pipeline_id, stage.stage_name)
-        runner.run_tags = dict(tags)
+        runner.run_tags = {RANGE_START_TAG: first_key, RANGE_END_TAG: last_key, "lakehouse/backfill": "cli"}
         outcome = runner.load(runner.extract())
         rows.append({"stage": stage.stage_name, "table": outcome.target.identifier,
-                     "days": f"{args.start}..{args.end}", "rows_written": outcome.rows_written,
+                     "partitions": f"{first_key}..{last_key}", "rows_written": outcome.rows_written,
                      "snapshot_id": outcome.snapshot_id, "published": outcome.published,
                      "skipped": outcome.skipped_reason or ""})
     _print_table(rows, COLUMNS)
@@ -63,10 +65,13 @@ def cmd_backfill(args) -> int:
 
 
 def register(sub) -> None:
-    b = sub.add_parser("backfill", help="rewrite days of a pipeline's time-partitioned targets (write-audit-publish)")
+    b = sub.add_parser("backfill", help="rewrite periods (days, hours, months) of a pipeline's time-partitioned "
+                       "targets (write-audit-publish)")
     b.add_argument("pipeline")
-    b.add_argument("--from", dest="start", type=_day, required=True, help="first day, YYYY-MM-DD")
-    b.add_argument("--to", dest="end", type=_day, required=True, help="last day (included), YYYY-MM-DD")
+    b.add_argument("--from", dest="start", required=True,
+                   help="first period: a day YYYY-MM-DD, an hour YYYY-MM-DDTHH (UTC) or a month YYYY-MM, as the "
+                   "target's time_partition.granularity says (Dagster's partition keys work too)")
+    b.add_argument("--to", dest="end", required=True, help="last period (included), in the same form")
     b.add_argument("--stage", help="only this stage of the pipeline")
     b.set_defaults(func=cmd_backfill)
 

@@ -35,12 +35,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import date, timedelta
 from typing import TYPE_CHECKING, Any
 
 from lakehouse.core import Batch, ExtractPlan, StageContext
 from lakehouse.errors import ConfigurationError
 from lakehouse.iceberg import WriteSpec, _walk_parents, branch_name_for_run, retry_metadata_commit
+from lakehouse.metadata import periods
+from lakehouse.metadata.periods import Period
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -142,21 +143,25 @@ def _in(column: Column, values: list) -> Column:
     return cond | column.isNull() if len(present) < len(values) else cond
 
 
-def partition_window(ctx: StageContext) -> tuple[date, date] | None:
-    """The days a run of a time-partitioned target rewrites (from its partition run tags), or None."""
+def partition_window(ctx: StageContext) -> tuple[Period, Period] | None:
+    """The periods (days, hours or months) a run of a time-partitioned target rewrites (from its
+    partition run tags: Dagster partition keys), or None."""
     tp = ctx.target.time_partition
     tags = ctx.run_tags
     if tp is None or not (PARTITION_TAG in tags or RANGE_START_TAG in tags):
         return None
     first, last = (tags[PARTITION_TAG],) * 2 if PARTITION_TAG in tags else (tags[RANGE_START_TAG], tags[RANGE_END_TAG])
+    g = tp.granularity
     try:
-        start, end = date.fromisoformat(first[:10]), date.fromisoformat(last[:10])
-    except ValueError:
-        raise ConfigurationError(f"{ctx.target.identifier}: partition {first!r}..{last!r} is not a range of days "
-                                 "(YYYY-MM-DD)") from None
-    if end < start or start < tp.start_date:
-        raise ConfigurationError(f"{ctx.target.identifier}: cannot rewrite days {start}..{end}: the range must "
-                                 f"run forwards and start on or after the first partition, {tp.start_date}")
+        start, end = periods.parse(g, first), periods.parse(g, last)
+    except ValueError as exc:
+        raise ConfigurationError(f"{ctx.target.identifier}: partition {first!r}..{last!r} is not a range of "
+                                 f"{g}s: {exc}") from None
+    lowest = periods.first(g, tp.start_date)
+    if end < start or start < lowest:
+        raise ConfigurationError(f"{ctx.target.identifier}: cannot rewrite {g}s {periods.key(g, start)}.."
+                                 f"{periods.key(g, end)}: the range must run forwards and start on or after the "
+                                 f"first partition, {periods.key(g, lowest)}")
     return start, end
 
 
@@ -266,31 +271,35 @@ class IncrementalRead:
             yield Batch(out, props, label=f"sql ({len(touched)} partition(s) recomputed)",
                         write=WriteSpec("overwrite", condition=_in(F.col(self.inc.partition_column), touched)))
 
-    def window_batches(self, start: date, end: date) -> Iterator[Batch]:
-        """A run for days start..end of a time-partitioned target (a backfill): those days' upstream
-        rows in full, replacing exactly those partitions; the consumed marks of the fork are carried
-        on unchanged (the days outside were not brought up to date)."""
+    def window_batches(self, start: Period, end: Period) -> Iterator[Batch]:
+        """A run for periods start..end (days, hours or months) of a time-partitioned target (a
+        backfill): those periods' upstream rows in full, replacing exactly those partitions; the
+        consumed marks of the fork are carried on unchanged (the periods outside were not brought up
+        to date)."""
         from pyspark.sql import functions as F
 
         tp = self.ctx.target.time_partition
-        days = [start + timedelta(days=i) for i in range((end - start).days + 1)]
+        g = tp.granularity
+        days = periods.periods(g, start, end)
+        window = f"{periods.key(g, start)}..{periods.key(g, end)}"
         fork = self._fork()
         marks = (consumed_marks(self.ctx.platform.pyiceberg_catalog().load_table(self.ident).metadata, fork)
                  if fork is not None else {})
-        props = {**self._props(), MODE_PROPERTY: WINDOW, "lakehouse.partition_window": f"{start}..{end}",
+        props = {**self._props(), MODE_PROPERTY: WINDOW, "lakehouse.partition_window": window,
                  **{CONSUMED_PREFIX + k: str(v) for k, v in marks.items()}}
-        what = f"days {start}..{end} ({len(days)}) of {self.ident} recomputed from {self.upstream} at snapshot {self.end}"
+        what = f"{g}s {window} ({len(days)}) of {self.ident} recomputed from {self.upstream} at snapshot {self.end}"
         self.ctx.audit("partition_window", outcome="rewrite", message=what,
-                       details={"start": str(start), "end": str(end), "upstream": self.upstream, "end_snapshot": self.end})
-        self.ctx.report["partition_window"] = f"{start}..{end}"
+                       details={"start": periods.key(g, start), "end": periods.key(g, end), "granularity": g,
+                                "upstream": self.upstream, "end_snapshot": self.end})
+        self.ctx.report["partition_window"] = window
         # the reader first: it starts Spark, which F.expr needs (a run worker has none before it)
         reader = self._reader(**({"snapshot_id": self.end} if self.end is not None else {}))
         expr = F.expr(tp.upstream) if tp.upstream else F.col(tp.column)
         cat = self.ctx.platform.settings.catalog_name
         rows = reader.load(f"{cat}.{self.upstream}").where(_in(expr, days))
         # Iceberg refuses an overwrite-by-filter whose new files hold rows outside the filter: a wrong
-        # `upstream` expression fails the write instead of touching other days
-        yield Batch(self.run_sql(self.ctx, self.plan, {self.upstream: rows}), props, label=f"days {start}..{end}",
+        # `upstream` expression fails the write instead of touching other periods
+        yield Batch(self.run_sql(self.ctx, self.plan, {self.upstream: rows}), props, label=f"{g}s {window}",
                     write=WriteSpec("overwrite", condition=_in(F.col(tp.column), days)))
 
     def _report(self, d: Decision, touched: list) -> None:

@@ -27,6 +27,7 @@ import dagster as dg
 
 from lakehouse.control.retry import retry_exception
 from lakehouse.core import AuditFailed
+from lakehouse.metadata import periods
 from lakehouse.metadata.assets import pipeline_paths
 from lakehouse.metadata.derive import StageDerivation
 from lakehouse.metadata.derived import Structure
@@ -299,13 +300,19 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
     )
 
 
+PARTITIONS_DEFS = {"day": dg.DailyPartitionsDefinition, "hour": dg.HourlyPartitionsDefinition,
+                   "month": dg.MonthlyPartitionsDefinition}
+
+
 def time_partitions(target) -> dict:
-    """A target with daily partitions (metadata `time_partition`) is a daily-partitioned asset; a
-    backfill of a range is one run (single-run policy) whose tags give the stage the days to rewrite."""
+    """A target with time partitions (metadata `time_partition`) is a daily-, hourly- or
+    monthly-partitioned asset (UTC); a backfill of a range is one run (single-run policy) whose tags
+    give the stage the periods to rewrite."""
     tp = target.time_partition
     if tp is None:
         return {}
-    return {"partitions_def": dg.DailyPartitionsDefinition(start_date=tp.start_date.isoformat()),
+    start = periods.key(tp.granularity, periods.first(tp.granularity, tp.start_date))
+    return {"partitions_def": PARTITIONS_DEFS[tp.granularity](start_date=start),
             "backfill_policy": dg.BackfillPolicy.single_run()}
 
 

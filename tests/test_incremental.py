@@ -397,6 +397,26 @@ def test_time_partition_is_checked_statically(tmp_path):
     assert any(p.startswith("targets[1].time_partition.upstream: cannot parse 'CAST(ts AS'") for p in probs), probs
 
 
+def _clicks_pipeline(platform, tmp_path: Path, metadata: str):
+    """The clicks pipeline applied; returns land(file name, [(ts, amount)]) and run(stage name)."""
+    from lakehouse.runner import StageRunner
+
+    landing = platform.settings.landing_dir / "clicks"
+    landing.mkdir(parents=True)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "clicks.yaml").write_text(metadata)
+    platform.store.apply(load_metadata(tmp_path / "m"))
+
+    def land(name: str, clicks: list[tuple[str, int]]) -> None:
+        (landing / name).write_text("".join(json.dumps({"ts": t, "amount": a}) + "\n" for t, a in clicks))
+
+    def run(stage: str) -> None:
+        r = StageRunner(platform, "clicks", stage)
+        assert r.load(r.extract()).published
+
+    return land, run
+
+
 def _clicks(cat) -> dict[str, tuple[int, int]]:
     return {str(r["day"]): (r["clicks"], r["amount"]) for r in cat.load_table("gold.daily_clicks").scan().to_arrow().to_pylist()}
 
@@ -407,20 +427,11 @@ def test_backfill_of_three_days_from_the_cli_rewrites_exactly_those(platform, tm
     from pyiceberg.catalog.sql import SqlCatalog
 
     from lakehouse.cli import main as cli
-    from lakehouse.runner import StageRunner
     from lakehouse.validation.history import check_history
     from lakehouse_assets.definitions import build_definitions
 
-    landing = platform.settings.landing_dir / "clicks"
-    landing.mkdir(parents=True)
-
-    def land(name: str, clicks: list[tuple[str, int]]) -> None:
-        (landing / name).write_text("".join(json.dumps({"ts": t, "amount": a}) + "\n" for t, a in clicks))
-
+    land, run = _clicks_pipeline(platform, tmp_path, CLICKS)
     land("a.jsonl", [(f"2026-11-0{d} 0{h}:00:00", 1) for d in range(1, 7) for h in (1, 2)])  # 2 clicks a day
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "clicks.yaml").write_text(CLICKS)
-    platform.store.apply(load_metadata(tmp_path / "m"))
 
     # the asset is daily-partitioned, a backfill of a range is one run
     key = dg.AssetKey(["gold", "daily_clicks"])
@@ -429,10 +440,6 @@ def test_backfill_of_three_days_from_the_cli_rewrites_exactly_those(platform, tm
     assert isinstance(asset.partitions_def, dg.DailyPartitionsDefinition)
     assert asset.partitions_def.start.date().isoformat() == "2026-11-01"
     assert asset.backfill_policy == dg.BackfillPolicy.single_run()
-
-    def run(stage: str) -> None:
-        r = StageRunner(platform, "clicks", stage)
-        assert r.load(r.extract()).published
 
     run("ingest")
     run("rollup")  # an unpartitioned run computes every day
@@ -471,3 +478,134 @@ def test_backfill_of_three_days_from_the_cli_rewrites_exactly_those(platform, tm
     # a range before the first partition is refused before anything runs
     assert cli(["backfill", "clicks", "--from", "2026-10-30", "--to", "2026-11-01"]) == 2
     assert "before the first partition of gold.daily_clicks, 2026-11-01" in capsys.readouterr().out
+
+
+HOURLY = CLICKS.replace("target_id: daily_clicks", "target_id: hourly_clicks").replace(
+    "table: daily_clicks", "table: hourly_clicks").replace(
+    "partition_spec: [{column: day, transform: identity}]", "partition_spec: [{column: hour, transform: identity}]").replace(
+    '''time_partition: {column: day, start_date: "2026-11-01", upstream: "CAST(ts AS DATE)"}''',
+    '''time_partition: {column: hour, granularity: hour, start_date: "2026-11-01",
+                     upstream: "date_trunc('HOUR', CAST(ts AS TIMESTAMP))"}''').replace(
+    "target_id: daily_clicks", "target_id: hourly_clicks").replace(
+    "SELECT CAST(ts AS DATE) AS day, count(*) AS clicks, sum(amount) AS amount\n      FROM bronze.clicks GROUP BY CAST(ts AS DATE)",
+    "SELECT date_trunc('HOUR', CAST(ts AS TIMESTAMP)) AS hour, count(*) AS clicks, sum(amount) AS amount\n"
+    "      FROM bronze.clicks GROUP BY date_trunc('HOUR', CAST(ts AS TIMESTAMP))")
+
+
+def test_time_partitions_by_hour_and_month(tmp_path, settings, capsys):
+    """granularity hour | month: Dagster's Hourly / Monthly partitions (UTC), the periods a run's partition
+    tags name (Dagster keys), a month that must start on the 1st, and CLI ranges in the target's form."""
+    from types import SimpleNamespace
+
+    import dagster as dg
+
+    from lakehouse.cli import main as cli
+    from lakehouse.errors import ConfigurationError
+    from lakehouse.incremental import RANGE_END_TAG, RANGE_START_TAG, partition_window
+    from lakehouse.metadata.model import Target
+    from lakehouse.metadata.store import MetadataStore
+    from lakehouse_assets.factory import time_partitions
+
+    assert "date_trunc('HOUR'" in HOURLY and "granularity: hour" in HOURLY and "daily_clicks" not in HOURLY
+
+    def target(granularity: str, column: str, start: str = "2026-11-01") -> Target:
+        return Target(target_id=f"t_{granularity}", namespace="gold", table=f"t_{granularity}",
+                      partition_spec=[{"column": column, "transform": "identity"}],
+                      time_partition={"column": column, "granularity": granularity, "start_date": start})
+
+    hourly, monthly = target("hour", "hour"), target("month", "month", "2026-09-01")
+    assert target("day", "day").time_partition.granularity == "day"  # the default stays daily
+    pd = time_partitions(hourly)["partitions_def"]
+    assert isinstance(pd, dg.HourlyPartitionsDefinition) and pd.get_first_partition_key() == "2026-11-01-00:00"
+    pd = time_partitions(monthly)["partitions_def"]
+    # a month is a partition once it has ended (as a day or an hour)
+    assert isinstance(pd, dg.MonthlyPartitionsDefinition) and pd.get_first_partition_key() == "2026-09-01"
+
+    def window(t: Target, first: str, last: str):
+        return partition_window(SimpleNamespace(target=t, run_tags={RANGE_START_TAG: first, RANGE_END_TAG: last}))
+
+    start, end = window(hourly, "2026-11-02-05:00", "2026-11-02-07:00")  # the keys a UI backfill's run carries
+    assert (start.isoformat(), end.isoformat()) == ("2026-11-02T05:00:00+00:00", "2026-11-02T07:00:00+00:00")
+    assert [str(p) for p in window(monthly, "2026-11-01", "2027-01-01")] == ["2026-11-01", "2027-01-01"]
+    with pytest.raises(ConfigurationError, match=r"cannot rewrite hours 2026-10-31-23:00..2026-11-01-01:00: .* "
+                                                 r"first partition, 2026-11-01-00:00"):
+        window(hourly, "2026-10-31-23:00", "2026-11-01-01:00")
+    with pytest.raises(ConfigurationError, match="'2026-11-15' is not the first day of a month"):
+        window(monthly, "2026-11-15", "2026-12-01")
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "clicks.yaml").write_text(HOURLY.replace('granularity: hour, start_date: "2026-11-01"',
+                                                               'granularity: month, start_date: "2026-11-15"'))
+    with pytest.raises(MetadataError) as exc:
+        load_metadata(tmp_path / "m")
+    assert any(p.endswith("targets[1].time_partition: Value error, monthly partitions start on the first day of a "
+                          'month, not 2026-11-15. Fix: start_date: "2026-11-01"') for p in exc.value.problems), \
+        exc.value.problems
+
+    # hourly partitions hold the hour's start: a stage giving a DATE is refused before a run
+    (tmp_path / "m" / "clicks.yaml").write_text(HOURLY.replace("SELECT date_trunc('HOUR', CAST(ts AS TIMESTAMP)) AS hour",
+                                                               "SELECT CAST(ts AS DATE) AS hour"))
+    with pytest.raises(MetadataError) as exc:
+        load_metadata(tmp_path / "m")
+    assert any(p.endswith("targets[1].time_partition.column: stage clicks.rollup outputs 'hour' as date, but hourly "
+                          "partitions hold a TIMESTAMP (the hour's start). Fix: output it as a TIMESTAMP, e.g. "
+                          "date_trunc('HOUR', ts)") for p in exc.value.problems), exc.value.problems
+
+    # the CLI takes the range in the target's form and refuses another before anything runs
+    (tmp_path / "m" / "clicks.yaml").write_text(HOURLY)
+    MetadataStore(settings.control_db_url).apply(load_metadata(tmp_path / "m"))
+    assert cli(["backfill", "clicks", "--from", "2026-11-02", "--to", "2026-11-02"]) == 2
+    assert ("gold.hourly_clicks has hourly partitions: --from/--to '2026-11-02' is not an hour "
+            "(e.g. 2026-11-02T05 or 2026-11-02-05:00)") in capsys.readouterr().out
+    assert cli(["backfill", "clicks", "--from", "2026-10-31T23", "--to", "2026-11-01T01"]) == 2
+    assert "before the first partition of gold.hourly_clicks, 2026-11-01-00:00" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_backfill_of_three_hours_from_the_cli_rewrites_exactly_those(platform, tmp_path, capsys):
+    """An hourly-partitioned target: `lakehouse backfill --from 2026-11-01T02 --to 2026-11-01T04`
+    rewrites those three hours with write-audit-publish, read back by PyIceberg; the UI's way (a run
+    for the Dagster key 2026-11-01-05:00) rewrites that hour."""
+    import dagster as dg
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from lakehouse.cli import main as cli
+    from lakehouse_assets.definitions import build_definitions
+
+    land, run = _clicks_pipeline(platform, tmp_path, HOURLY)
+    land("a.jsonl", [(f"2026-11-01 0{h}:{m}:00", 1) for h in range(1, 7) for m in (10, 40)])  # 2 clicks an hour
+    key = dg.AssetKey(["gold", "hourly_clicks"])
+    defs = build_definitions(platform)
+    assert isinstance(defs.get_assets_def(key).partitions_def, dg.HourlyPartitionsDefinition)
+
+    s = platform.settings
+    cat = SqlCatalog(s.catalog_name, uri=s.catalog_uri, warehouse=s.warehouse)
+
+    def hourly() -> dict[str, tuple[int, int]]:  # an independent reader: PyIceberg, keys as UTC hours
+        rows = cat.load_table("gold.hourly_clicks").scan().to_arrow().to_pylist()
+        return {r["hour"].astimezone(UTC).strftime("%H:%M"): (r["clicks"], r["amount"]) for r in rows}
+
+    run("ingest")
+    run("rollup")  # an unpartitioned run computes every hour
+    before = hourly()
+    assert before == {f"0{h}:00": (2, 2) for h in range(1, 7)}
+
+    # late clicks for hours 02..05; the backfill of 02..04 rewrites those three hours only
+    land("b.jsonl", [(f"2026-11-01 0{h}:55:00", 10) for h in (2, 3, 4, 5)])
+    run("ingest")
+    assert cli(["backfill", "clicks", "--from", "2026-11-01T02", "--to", "2026-11-01T04"]) == 0
+    assert "2026-11-01-02:00..2026-11-01-04:00" in capsys.readouterr().out
+    after = hourly()
+    assert after == {**before, "02:00": (3, 12), "03:00": (3, 12), "04:00": (3, 12)}  # 05:00 untouched
+    props = cat.load_table("gold.hourly_clicks").current_snapshot().summary.additional_properties
+    assert props["lakehouse.partition_window"] == "2026-11-01-02:00..2026-11-01-04:00"
+    assert props["changed-partition-count"] == "3"
+    [entry] = [e for e in platform.store.audit_entries(run_id=props["lakehouse.run_id"]) if e.event == "partition_window"]
+    assert entry.details["granularity"] == "hour" and entry.message.startswith("hours 2026-11-01-02:00..")
+
+    # the UI's way: a run of the partitioned asset for one hour (its Dagster key) rewrites that hour
+    job = defs.resolve_implicit_global_asset_job_def()
+    res = job.execute_in_process(partition_key="2026-11-01-05:00", asset_selection=[key], raise_on_error=False,
+                                 instance=dg.DagsterInstance.ephemeral())
+    assert res.success
+    assert hourly() == {**after, "05:00": (3, 12)}

@@ -28,6 +28,7 @@ from lakehouse.metadata.derive import (
 )
 from lakehouse.metadata.engine_support import arrow_blockers
 from lakehouse.metadata.model import MetadataCatalog, Rule, Source, Stage, Target
+from lakehouse.metadata.periods import ADJECTIVE
 from lakehouse.metadata.python_ref import reference_problem
 
 
@@ -266,14 +267,23 @@ def _time_partition_problems(catalog: MetadataCatalog, stage: Stage, tgt: Target
     tp = tgt.time_partition
     w = f"{locate('targets', tgt.key())}.time_partition"
     name = f"stage {stage.pipeline_id}.{stage.stage_name}"
+    kind = ADJECTIVE[tp.granularity]
     if not stage.transformation or len(stage_upstreams(catalog, stage)) != 1:
-        return [(w, f"target {tgt.target_id!r} has daily partitions, so {name} must be a SQL transformation "
-                 "reading exactly one upstream table (a day is recomputed from that table's rows of the day). "
-                 "Fix: remove time_partition, or make the stage one such query")]
+        return [(w, f"target {tgt.target_id!r} has {kind} partitions, so {name} must be a SQL transformation "
+                 f"reading exactly one upstream table (a {tp.granularity} is recomputed from that table's rows of "
+                 f"the {tp.granularity}). Fix: remove time_partition, or make the stage one such query")]
     out: list[tuple[str, str]] = []
     if sc is not None and sc.has(tp.column) is False:
         out.append((f"{w}.column", f"{tp.column!r} is not a column {name} outputs ({_cols(sc)})"))
-    out += _identity_partition(tgt, tp.column, f"target {tgt.target_id!r} has daily partitions of {tp.column!r}",
+    elif sc is not None and (typ := (sc.columns.get(tp.column.lower()) or "").lower()):
+        want = "timestamp" if tp.granularity == "hour" else "date"
+        if typ.split("(")[0] not in ((want, "timestamp_ntz", "timestamp_ltz") if want == "timestamp" else (want,)):
+            out.append((f"{w}.column", f"{name} outputs {tp.column!r} as {typ}, but {kind} partitions hold a "
+                        f"{want.upper()} ({'the hour' if want == 'timestamp' else 'the ' + tp.granularity}'s start). "
+                        f"Fix: output it as a {want.upper()}, e.g. "
+                        + ("date_trunc('HOUR', ts)" if tp.granularity == "hour" else
+                           "CAST(date_trunc('MONTH', ts) AS DATE)" if tp.granularity == "month" else "CAST(ts AS DATE)")))
+    out += _identity_partition(tgt, tp.column, f"target {tgt.target_id!r} has {kind} partitions of {tp.column!r}",
                                locate)
     if tp.upstream and (why := _parse_problem(tp.upstream)):
         out.append((f"{w}.upstream", why))

@@ -415,18 +415,32 @@ def check_engine_setting(key: str, value: str) -> None:
 
 
 class TimePartition(BaseModel):
-    """A target partitioned by day (lakehouse.incremental, window_batches): a daily-partitioned
-    Dagster asset, and a run for a range of days (a backfill from the UI or `lakehouse backfill`)
-    recomputes exactly those days from their upstream rows and replaces them, with write-audit-publish."""
+    """A target partitioned by day, hour or month (lakehouse.incremental, window_batches): a
+    time-partitioned Dagster asset, and a run for a range of periods (a backfill from the UI or
+    `lakehouse backfill`) recomputes exactly those periods from their upstream rows and replaces
+    them, with write-audit-publish. Periods and their keys: lakehouse.metadata.periods."""
 
     model_config = ConfigDict(extra="forbid")
-    column: str = Field(description="the date column the target is identity-partitioned by (the stage outputs it)")
-    start_date: date = Field(description="the first day there is data for (the first partition)")
+    column: str = Field(description="the column the target is identity-partitioned by (the stage outputs it): "
+                        "a DATE for day and month (a month: its first day), a TIMESTAMP for hour (the hour's start, UTC)")
+    start_date: date = Field(description="the first day there is data for (the first partition: that day, its first "
+                             "hour, or the month starting on it)")
+    granularity: Literal["day", "hour", "month"] = Field(
+        default="day", description="one partition per day (Dagster DailyPartitionsDefinition), hour (Hourly, keys "
+        "2026-11-02-05:00) or month (Monthly, keys 2026-11-01)")
     upstream: str | None = Field(
-        default=None, description="a Spark SQL expression over an upstream row giving its day, e.g. "
-        "CAST(event_ts AS DATE) (default: the upstream column named like column)")
+        default=None, description="a Spark SQL expression over an upstream row giving its period, e.g. "
+        "CAST(event_ts AS DATE), date_trunc('HOUR', event_ts), CAST(date_trunc('MONTH', event_ts) AS DATE) "
+        "(default: the upstream column named like column)")
 
     _v_col = field_validator("column")(lambda cls, v: check_ident(v, "column"))
+
+    @model_validator(mode="after")
+    def _month_starts_on_first(self) -> TimePartition:
+        if self.granularity == "month" and self.start_date.day != 1:
+            raise ValueError(f"monthly partitions start on the first day of a month, not {self.start_date}. "
+                             f"Fix: start_date: \"{self.start_date.replace(day=1)}\"")
+        return self
 
 
 class Target(Entity):
@@ -446,8 +460,8 @@ class Target(Entity):
                                             "the platform defaults (settings maintenance.*)")
     export_target_id: str | None = Field(default=None, description="a warehouse target this table is exported to")
     time_partition: TimePartition | None = Field(
-        default=None, description="daily partitions: a time-partitioned asset whose days can be backfilled "
-        "(UI, `lakehouse backfill`); a SQL stage over one upstream table writes it")
+        default=None, description="time partitions (day, hour or month): a time-partitioned asset whose periods "
+        "can be backfilled (UI, `lakehouse backfill`); a SQL stage over one upstream table writes it")
     alternative_source_id: str | None = Field(
         default=None, description="a declared replica of this table (a source, e.g. kind iceberg): SQL stages "
         "reading this table read the replica instead while the table is unavailable")

@@ -75,6 +75,6 @@ def render() -> str:
                          ("maintenance (targets.maintenance; platform defaults: settings maintenance.<field>)",
                           Maintenance),
                          ("incremental (stages.incremental; lakehouse.incremental)", Incremental),
-                         ("time partition (targets.time_partition; daily partitions and backfills)", TimePartition)):
+                         ("time partition (targets.time_partition; time partitions and backfills)", TimePartition)):
         out += [f"## {title}", ""] + _table(model) + [""]
     return "\n".join(out)

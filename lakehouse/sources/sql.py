@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from datetime import date
 from typing import TYPE_CHECKING, Any
 
 from lakehouse.core import SQL, Batch, ExtractPlan, StageContext, StageOutcome
 from lakehouse.errors import ConfigurationError
+from lakehouse.metadata import periods
 from lakehouse.pins import pin_upstream, upstream_frames
 from lakehouse.sources.base import SourceAdapter, register
 from lakehouse.sources.iceberg import probe_table
@@ -47,9 +47,9 @@ class SqlAdapter(SourceAdapter):
         from lakehouse.incremental import partition_window
 
         pin_upstream(ctx, plan, upstream_identifiers(ctx))
-        window = partition_window(ctx)  # a run for some days of a time-partitioned target (a backfill)
+        window = partition_window(ctx)  # a run for some periods of a time-partitioned target (a backfill)
         if window is not None:
-            plan.details["partition_window"] = [str(d) for d in window]
+            plan.details["partition_window"] = [periods.key(ctx.target.time_partition.granularity, p) for p in window]
 
     def batches(self, ctx: StageContext, plan: ExtractPlan) -> Iterator[Batch]:
         if ctx.stage.incremental is not None or plan.details.get("partition_window"):
@@ -57,7 +57,8 @@ class SqlAdapter(SourceAdapter):
 
             read = IncrementalRead(ctx, plan, self.run_sql)
             window = plan.details.get("partition_window")
-            yield from read.window_batches(*map(date.fromisoformat, window)) if window else read.batches()
+            g = ctx.target.time_partition.granularity if window else "day"
+            yield from read.window_batches(*(periods.parse(g, k) for k in window)) if window else read.batches()
             return
         yield Batch(self.run_sql(ctx, plan), {"lakehouse.upstream": _json(plan.upstream_snapshots)}, label="sql")
 
