@@ -39,7 +39,7 @@ def arrow_blockers(stage: Stage | None, target: Target, source: Source | None, r
     if target.export_target_id:
         out.append("export_target_id (the warehouse export reads the table with Spark)")
     if target.time_partition is not None:
-        out.append("time_partition (backfills rewrite days with Spark)")
+        out.append("time_partition (backfills rewrite their periods with Spark)")
     if stage is not None and stage.incremental is not None:
         out.append("incremental (merge / partition replacement run on Spark)")
     bad = sorted({r.type for r in rules if r.enabled and r.type not in ARROW_RULES})
