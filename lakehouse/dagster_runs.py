@@ -13,6 +13,16 @@ if TYPE_CHECKING:
     from lakehouse.metadata.model import MetadataCatalog
 
 
+def stage_node(step_key: str) -> str:
+    """The stage's node name (`<layer>__<table>`, its asset key as a Python identifier) of a step:
+    "<graph>.<graph>__extract|load" for a stage reading an external source (two ops, one per pool),
+    "<layer>__<table>" for a stage reading lake tables only (one op)."""
+    graph, dot, op = step_key.rpartition(".")
+    if not dot:  # one op: no graph around it (and a table may be named `load`)
+        return op
+    return graph.rsplit(".", 1)[-1]
+
+
 def step_failures(instance: Any, run_id: str) -> list[tuple[str, str]]:
     """(step key, message) per failed step: a `dagster.Failure`'s description, else the error text."""
     import dagster as dg
@@ -51,11 +61,11 @@ def failure_summary(instance: Any, run_id: str, fallback: str, catalog: Metadata
                     ) -> tuple[str, list[tuple[str, str | None]]]:
     """The run's failure message (each failed step's own error, as the UI shows it) and, per failed
     step, (pipeline.stage, dataset) — or (step key, None) for a step that is no stage's."""
-    # a stage is asset [layer, target table] (lakehouse_assets.factory.stage_asset_key), its ops
-    # "<layer>__<table>__extract|load", their step keys "<graph>.<op>"
+    # a stage is asset [layer, target table] (lakehouse_assets.factory.stage_asset_key), its step
+    # keys "<layer>__<table>.<layer>__<table>__extract|load" or "<layer>__<table>" (stage_node)
     owners = {f"{s.layer}__{catalog.target(s.target_id).table}": (f"{s.pipeline_id}.{s.stage_name}",
                                                                    catalog.target(s.target_id).identifier)
               for s in catalog.stages}
     failures = step_failures(instance, run_id)
-    failed = [owners.get(step.rsplit(".", 1)[-1].rsplit("__", 1)[0], (step, None)) for step, _ in failures]
+    failed = [owners.get(stage_node(step), (step, None)) for step, _ in failures]
     return ("\n".join(f"{step}: {text}" for step, text in failures) or fallback), failed

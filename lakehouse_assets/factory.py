@@ -1,12 +1,17 @@
 """Metadata → Dagster asset graph. Adding a pipeline is adding metadata, never code.
 
-Each stage becomes a graph-backed asset of two ops:
+A stage reading an external source (files, S3, JDBC, an iceberg source: a `source:<id>` pool
+and its throttle) becomes a graph-backed asset of two ops:
   * `<asset>__extract` runs in the source's pool (`source:<id>`): it plans the input
-    (new files, pinned upstream snapshots, JDBC ranges) and does the source-side I/O;
+    (new files, JDBC ranges, a pinned snapshot) and does the source-side I/O;
   * `<asset>__load` runs in the target's pool (`target:<id>`): write to an audit branch,
     evaluate the stage's rules (each one an asset check), publish to main.
 One op can sit in one pool only; splitting the asset this way makes per-source and
-per-target limits hold at once.
+per-target limits hold at once. A stage reading lake tables only (SQL, a Python transformation,
+another stage's table as its source) has no source pool to claim, so it is one op, `<asset>`, in
+its target's pool: the same extract (pinning its upstream snapshots) then the same load, in one
+step. Half the ops, graphs and config types of such stages: what a code server builds and
+snapshots on every load and reload (issue 22).
 
 The graph is built from what `lakehouse metadata apply` stored (`lakehouse.metadata.derived`): the
 tables each stage reads, its column lineage and its checks are read, not derived, so building
@@ -163,13 +168,16 @@ class _Extract:
         self.step = step
 
     def __call__(self, context, inputs) -> Iterator:
+        yield dg.Output(self.plan(context), "result")
+
+    def plan(self, context):
         step = self.step
         runner = step.runner(context)
         with step_errors(lambda exc: step.retry(runner, context, exc, "extract")):
             plan = runner.extract()
         context.log.info(f"{step.key.to_user_string()}: plan {plan.kind} {plan.details or ''}"
                          + (f" — skipped: {plan.skipped_reason}" if plan.skipped_reason else ""))
-        yield dg.Output(plan, "result")
+        return plan
 
 
 class _Load:
@@ -188,13 +196,16 @@ class _Load:
         self.step = step
 
     def __call__(self, context, inputs) -> Iterator:
+        return self.load(context, inputs, inputs["plan"])
+
+    def load(self, context, inputs, plan) -> Iterator:
         step, key = self.step, self.step.key
         runner = step.runner(context)  # the check is cached: a re-executed load checks too
         runner.upstream_frames = {ident: inputs[name] for name, ident in step.input_tables}
         retry = partial(step.retry, runner, context, phase="load")
         try:
             with step_errors(retry):
-                staged = runner.write_and_audit(inputs["plan"])
+                staged = runner.write_and_audit(plan)
         except AuditFailed as exc:  # the failed checks, then the failure: no output, no materialization
             yield from self.results(exc.outcomes)
             raise audit_failure(runner, exc) from exc
@@ -211,6 +222,16 @@ class _Load:
     def results(self, outcomes: list[CheckOutcome]) -> Iterator[dg.AssetCheckResult]:
         """The asset check results of the stage's checks among `outcomes`."""
         return (check_result(self.step.key, o) for o in outcomes if o.rule.name in self.step.spec_names)
+
+
+class _ExtractAndLoad(_Load):
+    """The one op of a stage reading lake tables only: the extract's plan (its upstream snapshots
+    pinned, once per run), then the load, each half with its own runner, retry phase and healing
+    budget as in the two-op form. A retry of the step plans again: the run's first pin of each
+    table wins (`lakehouse.pins`), so it reads the same snapshots."""
+
+    def __call__(self, context, inputs) -> Iterator:
+        return self.load(context, inputs, _Extract(self.step).plan(context))
 
 
 def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
@@ -235,43 +256,59 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
                "dagster/priority": str(op_priority(pipeline.criticality))}
     source_pool = f"source:{source.source_id}" if source is not None and not stage.transformation else None
     check_outs = [s.get_python_identifier() for s in specs]  # `<asset>_<check>`, as @graph_asset names them
-
-    extract = dg.OpDefinition(
-        name=f"{base}__extract",
-        ins={n: dg.In(dg.Nothing) for n in input_names},
-        outs={"result": dg.Out()},
-        compute_fn=_Extract(step),
-        pool=source_pool,
-        tags=op_tags,
-        required_resource_keys={"lakehouse", "pyspark"},
-        description=f"Plan the input of {key.to_user_string()} (source-side I/O, in pool {source_pool or 'none'}).",
-    )
-    load = dg.OpDefinition(
-        name=f"{base}__load",
-        ins={"plan": dg.In(), **{n: dg.In(metadata={LAZY: True}) for n, _ in tables_in}},
-        outs={"result": dg.Out(io_manager_key="iceberg_io_manager"),
-              **{n: dg.Out(is_required=False) for n in check_outs}},
-        compute_fn=_Load(step),
-        pool=f"target:{target.target_id}",
-        tags=op_tags,
-        required_resource_keys={"lakehouse", "pyspark"},
-        description=f"Write {target.identifier} on an audit branch, validate, publish to main.",
-    )
     description = ((stage.description or target.description or f"{stage.layer} table {target.identifier}")
                    + f"\n\nPipeline `{stage.pipeline_id}`, stage {stage.stage_order} `{stage.stage_name}`, "
                    f"write mode `{target.write_mode}`.")
-    graph = dg.GraphDefinition(
-        name=base,
-        description=description,
-        node_defs=[extract, load],
-        dependencies={load.name: {"plan": dg.DependencyDefinition(extract.name, "result")}},
-        input_mappings=[dg.InputMapping(graph_input_name=n, mapped_node_name=extract.name, mapped_node_input_name=n)
-                        for n in input_names]
-        + [dg.InputMapping(graph_input_name=n, mapped_node_name=load.name, mapped_node_input_name=n)
-           for n, _ in tables_in],
-        output_mappings=[dg.OutputMapping(graph_output_name=n, mapped_node_name=load.name, mapped_node_output_name=n)
-                         for n in ("result", *check_outs)],
-    )
+    load_outs = {"result": dg.Out(io_manager_key="iceberg_io_manager"),
+                 **{n: dg.Out(is_required=False) for n in check_outs}}
+    lazy_in = dg.In(metadata={LAZY: True})
+    if source_pool is None:  # lake tables only: one op, in the target's pool
+        tables = dict(tables_in)
+        node = dg.OpDefinition(
+            name=base,
+            # upstream stages' tables: lazy inputs; an external source's asset only orders it (Nothing)
+            ins={n: lazy_in if n in tables else dg.In(dg.Nothing) for n in input_names},
+            outs=load_outs,
+            compute_fn=_ExtractAndLoad(step),
+            pool=f"target:{target.target_id}",
+            tags=op_tags,
+            required_resource_keys={"lakehouse", "pyspark"},
+            description=f"Pin the upstream tables of {key.to_user_string()}, write {target.identifier} on an "
+                        "audit branch, validate, publish to main.",
+        )
+    else:
+        extract = dg.OpDefinition(
+            name=f"{base}__extract",
+            ins={n: dg.In(dg.Nothing) for n in input_names},
+            outs={"result": dg.Out()},
+            compute_fn=_Extract(step),
+            pool=source_pool,
+            tags=op_tags,
+            required_resource_keys={"lakehouse", "pyspark"},
+            description=f"Plan the input of {key.to_user_string()} (source-side I/O, in pool {source_pool}).",
+        )
+        load = dg.OpDefinition(
+            name=f"{base}__load",
+            ins={"plan": dg.In(), **{n: lazy_in for n, _ in tables_in}},
+            outs=load_outs,
+            compute_fn=_Load(step),
+            pool=f"target:{target.target_id}",
+            tags=op_tags,
+            required_resource_keys={"lakehouse", "pyspark"},
+            description=f"Write {target.identifier} on an audit branch, validate, publish to main.",
+        )
+        node = dg.GraphDefinition(
+            name=base,
+            description=description,
+            node_defs=[extract, load],
+            dependencies={load.name: {"plan": dg.DependencyDefinition(extract.name, "result")}},
+            input_mappings=[dg.InputMapping(graph_input_name=n, mapped_node_name=extract.name,
+                                            mapped_node_input_name=n) for n in input_names]
+            + [dg.InputMapping(graph_input_name=n, mapped_node_name=load.name, mapped_node_input_name=n)
+               for n, _ in tables_in],
+            output_mappings=[dg.OutputMapping(graph_output_name=n, mapped_node_name=load.name,
+                                              mapped_node_output_name=n) for n in ("result", *check_outs)],
+        )
     metadata = {
         "table": target.identifier,
         "pipeline": stage.pipeline_id,
@@ -285,8 +322,10 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
         **g.column_lineage(stage),
     }
     owners = [o for o in [stage.owner or pipeline.owner] if o]
-    return dg.AssetsDefinition.from_graph(
-        graph,
+    # AssetsDefinition.from_graph and .from_op both construct through _from_node; from_op takes no
+    # check specs nor owners, so the single op goes the way from_graph does
+    return dg.AssetsDefinition._from_node(  # noqa: SLF001
+        node_def=node,
         keys_by_input_name=dict(zip(input_names, deps, strict=True)),
         keys_by_output_name={"result": key},
         group_name=stage.layer,

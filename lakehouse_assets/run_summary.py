@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
+from lakehouse.dagster_runs import stage_node
 from lakehouse.metadata.model import MetadataCatalog
 from lakehouse.run_summary import CheckReport, RunSummary, StageReport
 from resources.lakehouse import LakehouseResource
@@ -85,7 +86,7 @@ def summarize(events: Iterable[dg.DagsterEvent], run_id: str, job: str,
                 _int(_value(md, "failed_rows")), str(_value(md, "message") or ce.description or ""),
                 evaluated="failed_rows" in md))  # the factory reports a skipped stage's rules without counts
         elif kind == "STEP_FAILURE":
-            base = (ev.step_key or "").split(".")[-1].rsplit("__", 1)[0]
+            base = stage_node(ev.step_key or "")
             r = reports.get(by_base.get(base, ""))
             if r is None:
                 continue

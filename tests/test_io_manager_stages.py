@@ -48,7 +48,8 @@ def test_sql_and_python_stages_publish_through_the_io_manager_with_checks(platfo
     # each stage's output was handled by the IO manager (the write happened there) and carries its checks
     handled = {e.step_key for e in res.all_events if e.event_type_value == "HANDLED_OUTPUT"
                and e.event_specific_data.manager_key == "iceberg_io_manager"}
-    assert {"silver__orders__load", "gold__big_orders__load"} <= {k.split(".")[-1] for k in handled}
+    # SQL and Python stages read lake tables only: one op each (no source pool), named as the asset
+    assert {"silver__orders", "gold__big_orders"} <= handled
     evals = {(c.asset_key.to_user_string(), c.check_name): c.passed for c in res.get_asset_check_evaluations()}
     assert evals[("gold/big_orders", "id_present")] is True
     mats = {m.asset_key.to_user_string(): m.materialization.metadata for m in res.get_asset_materialization_events()}
