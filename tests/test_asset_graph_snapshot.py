@@ -26,18 +26,24 @@ DEMO = Path(__file__).resolve().parent.parent / "metadata" / "demo"
 
 
 @pytest.fixture
-def demo_defs(tmp_path, monkeypatch) -> dg.Definitions:
-    """The definitions a code server builds after `lakehouse metadata apply metadata/demo` (no Spark)."""
+def demo_platform(tmp_path, monkeypatch) -> Platform:
+    """A platform on a fresh home after `lakehouse metadata apply metadata/demo` (no Spark)."""
     monkeypatch.setenv("LAKEHOUSE_HOME", str(tmp_path))
     for var in ("LAKEHOUSE_CONTROL_DB_URL", "LAKEHOUSE_CATALOG_URI", "LAKEHOUSE_WAREHOUSE", "LAKEHOUSE_CATALOG_NAME",
                 "LAKEHOUSE_METADATA_DIR", "LAKEHOUSE_S3_ENDPOINT_URL", "LAKEHOUSE_DEFS_TRACE"):
         monkeypatch.delenv(var, raising=False)
-    from lakehouse_assets.definitions import build_definitions
-
     settings = load_settings()
     store = MetadataStore(settings.control_db_url)
     store.apply(load_metadata(DEMO))
-    return build_definitions(Platform(settings, store))
+    return Platform(settings, store)
+
+
+@pytest.fixture
+def demo_defs(demo_platform) -> dg.Definitions:
+    """The definitions a code server builds after `lakehouse metadata apply metadata/demo`."""
+    from lakehouse_assets.definitions import build_definitions
+
+    return build_definitions(demo_platform)
 
 
 def _key(key: dg.AssetKey) -> str:
