@@ -196,7 +196,7 @@ class _Load:
         self.step = step
 
     def __call__(self, context, inputs) -> Iterator:
-        return self.load(context, inputs, inputs["plan"])
+        yield from self.load(context, inputs, inputs["plan"])
 
     def load(self, context, inputs, plan) -> Iterator:
         step, key = self.step, self.step.key
@@ -231,7 +231,10 @@ class _ExtractAndLoad(_Load):
     table wins (`lakehouse.pins`), so it reads the same snapshots."""
 
     def __call__(self, context, inputs) -> Iterator:
-        return self.load(context, inputs, _Extract(self.step).plan(context))
+        # a generator: the extract runs inside Dagster's error boundary, as the extract op's did
+        # (its RetryRequested / Failure are the step's)
+        plan = _Extract(self.step).plan(context)
+        yield from self.load(context, inputs, plan)
 
 
 def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:

@@ -8,9 +8,13 @@ summaries map a failed step back to its stage through `stage_node` for both form
 
 from __future__ import annotations
 
+import inspect
+
+import dagster as dg
 import pytest
 
 from lakehouse.dagster_runs import stage_node
+from tests.test_asset_graph_snapshot import demo_defs, demo_platform  # noqa: F401 - fixtures
 
 
 @pytest.mark.parametrize(("step_key", "node"), [
@@ -24,3 +28,18 @@ from lakehouse.dagster_runs import stage_node
 ])
 def test_stage_node_of_both_step_forms(step_key, node):
     assert stage_node(step_key) == node
+
+
+def test_a_lake_stage_is_one_op_whose_extract_runs_inside_dagsters_error_boundary(demo_defs):  # noqa: F811
+    """Dagster wraps the iteration of an op's compute function (not the call) in the error boundary
+    that turns RetryRequested / Failure into the step's: the one op's extract must run when iterated."""
+    silver, bronze = (demo_defs.resolve_assets_def(dg.AssetKey([layer, "user_events"])) for layer in ("silver", "bronze"))
+    assert isinstance(silver.node_def, dg.OpDefinition) and silver.node_def.name == "silver__user_events"
+    assert silver.node_def.pool == "target:silver_user_events"
+    assert isinstance(bronze.node_def, dg.GraphDefinition)  # an ingesting stage keeps its two pools
+    assert {op.pool for op in bronze.node_def.iterate_op_defs()} == {"source:user_events_raw",
+                                                                    "target:bronze_user_events"}
+    steps = silver.node_def.compute_fn(object(), {})  # a bogus context: nothing may run yet
+    assert inspect.isgenerator(steps)
+    with pytest.raises(AttributeError):
+        next(steps)  # iterated, the extract runs (and fails on the bogus context)
