@@ -102,6 +102,9 @@ class WriteSpec:
     merge_keys: tuple[str, ...] = ()
     order_by: str | None = None  # merge: a matched row is replaced only by a row at least as new
     condition: Any = None  # overwrite: a pyspark Column selecting the rows replaced
+    # merge: Spark SQL over the target (alias `t`) true for every row a source key can match, so the
+    # MERGE reads only the files it may change (lakehouse.pruning.KeyScope.sql)
+    prune: str | None = None
 
 
 class IcebergTables:
@@ -377,6 +380,8 @@ class IcebergTables:
         df.createOrReplaceTempView(view)
         keys = spec.merge_keys if spec is not None and spec.merge_keys else target.merge_keys
         on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in keys)
+        if spec is not None and spec.prune:
+            on += f" AND ({spec.prune})"
         newer = ""
         if spec is not None and spec.order_by:  # an older row never replaces a newer one (a null: the new row wins)
             newer = f" AND coalesce(s.{quote(spec.order_by)} >= t.{quote(spec.order_by)}, true)"

@@ -352,6 +352,105 @@ def test_merge_order_by_keeps_the_newest_version_whatever_arrives_when(platform,
     assert _mode(cat, "silver.versions") == MERGE
 
 
+ACCOUNTS = """
+pipelines:
+  - {pipeline_id: accounts}
+sources:
+  - {source_id: accounts_raw, kind: files, format: jsonl, path: accounts, glob: "*.jsonl",
+     columns: [{name: id, type: string}, {name: version, type: int}, {name: email, type: string},
+               {name: plan, type: string}]}
+targets:
+  - {target_id: bronze_accounts, namespace: bronze, table: accounts}
+  - {target_id: silver_accounts, namespace: silver, table: accounts, write_mode: overwrite}
+stages:
+  - {pipeline_id: accounts, stage_order: 1, stage_name: ingest, layer: bronze, source_id: accounts_raw,
+     target_id: bronze_accounts}
+  - {pipeline_id: accounts, stage_order: 2, stage_name: latest, layer: silver, target_id: silver_accounts,
+     validation_set_id: account_rules, transformation: "SELECT id, version, email, plan FROM bronze.accounts",
+     incremental: {mode: merge, merge_keys: [id], order_by: version}}
+validation_rules:
+  - rule_set_id: account_rules
+    rules:
+      - {name: plan_known, type: accepted_values, column: plan, values: [free, pro], severity: error}
+      - {name: email_unique, type: unique, columns: [email], severity: error}
+"""
+
+
+@pytest.mark.slow
+def test_merge_audit_reads_the_merged_keys_and_still_catches_what_the_whole_table_would(platform, tmp_path):
+    """A merge is audited on the rows of the keys it merged (read through their pruning predicate, not
+    the whole table), yet a bad value in the change set and a duplicate made against an old row both
+    block the publish; a null key merges into its null row (the MERGE's pruning keeps nulls)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from lakehouse.core import AuditFailed
+    from lakehouse.runner import StageRunner
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "a.yaml").write_text(ACCOUNTS)
+    platform.store.apply(load_metadata(tmp_path / "m"))
+    landing = platform.settings.landing_dir / "accounts"
+    landing.mkdir(parents=True)
+    s = platform.settings
+    cat = SqlCatalog(s.catalog_name, uri=s.catalog_uri, warehouse=s.warehouse)
+    expected: dict = {}
+
+    def round_(name: str, rows: list[tuple]):
+        (landing / name).write_text("".join(json.dumps(dict(zip(("id", "version", "email", "plan"), r, strict=True))) + "\n"
+                                            for r in rows))
+        for stage in ("ingest", "latest"):
+            r = StageRunner(platform, "accounts", stage)
+            outcome = r.load(r.extract())
+            assert outcome.published
+        return {c.rule.name: c for c in outcome.checks}
+
+    def silver() -> dict:
+        return {r["id"]: (r["version"], r["email"], r["plan"])
+                for r in cat.load_table("silver.accounts").scan().to_arrow().to_pylist()}
+
+    first = [(f"a{i:02d}", 1, f"a{i:02d}@x", "free") for i in range(30)]
+    checks = round_("1.jsonl", first)
+    expected.update({i: (v, e, p) for i, v, e, p in first})
+    assert _mode(cat, "silver.accounts") == FULL and checks["plan_known"].total_rows == 30
+    assert silver() == expected
+
+    change = [("a03", 2, "a03@x", "pro"), ("b00", 1, "b00@x", "free"), (None, 1, "null1@x", "free")]
+    checks = round_("2.jsonl", change)
+    expected.update({i: (v, e, p) for i, v, e, p in change})
+    assert _mode(cat, "silver.accounts") == MERGE
+    assert silver() == expected
+    # scoped: the rules saw the 3 merged keys' rows, not the 32 rows of the table
+    assert (checks["plan_known"].passed, checks["plan_known"].total_rows) == (True, 3)
+    assert checks["email_unique"].passed
+
+    checks = round_("3.jsonl", [(None, 2, "null2@x", "pro"), ("a04", 0, "old@x", "pro")])  # a04: older, ignored
+    expected[None] = (2, "null2@x", "pro")
+    assert silver() == expected  # one row for the null key, its newest version
+    assert checks["plan_known"].total_rows == 2
+
+    main = cat.load_table("silver.accounts").current_snapshot().snapshot_id
+    (landing / "4.jsonl").write_text(json.dumps({"id": "b01", "version": 1, "email": "a07@x", "plan": "free"}) + "\n")
+    StageRunner(platform, "accounts", "ingest").load(StageRunner(platform, "accounts", "ingest").extract())
+    r = StageRunner(platform, "accounts", "latest")
+    with pytest.raises(AuditFailed) as exc:  # a07@x belongs to a07, merged 3 rounds ago
+        r.load(r.extract())
+    failed = {c.rule.name: c for c in exc.value.outcomes if not c.passed}
+    assert set(failed) == {"email_unique"}, failed
+    assert failed["email_unique"].failed_rows == 2 and failed["email_unique"].sample[0]["email"] == "a07@x"
+    assert cat.load_table("silver.accounts").current_snapshot().snapshot_id == main
+
+    (landing / "5.jsonl").write_text(json.dumps({"id": "a05", "version": 2, "email": "a05@x", "plan": "gold"}) + "\n")
+    StageRunner(platform, "accounts", "ingest").load(StageRunner(platform, "accounts", "ingest").extract())
+    r = StageRunner(platform, "accounts", "latest")
+    with pytest.raises(AuditFailed) as exc:
+        r.load(r.extract())
+    failed = {c.rule.name: c for c in exc.value.outcomes if not c.passed}
+    assert set(failed) == {"email_unique", "plan_known"}, failed
+    assert failed["plan_known"].failed_rows == 1 and failed["plan_known"].total_rows == 2
+    assert cat.load_table("silver.accounts").current_snapshot().snapshot_id == main
+    assert silver() == expected
+
+
 # --------------------------------------------------------------------------- daily partitions and backfills
 
 CLICKS = """

@@ -450,7 +450,8 @@ def _from_epoch(seconds: float | None) -> dt.datetime | None:
 def evaluate_rules(df: DataFrame, rules: list[Rule], *, context: dict[str, Any] | None = None) -> list[CheckOutcome]:
     """Evaluate every enabled rule. `df` holds the rows this run adds (on the audit branch).
 
-    context (all optional): `table` (the whole branch: unique), `previous_row_count` and
+    context (all optional): `table` (the whole branch: unique; with `unique_scoped`, only the keys of
+    `df` are checked against it), `previous_row_count` and
     `row_count_after` (main before, branch after: row_count_change), `ref_frames`
     (ref_dataset -> frame), `row_actions` (ActionCounts of the drop/quarantine split),
     `schema_drift` (rule name -> SchemaDrift seen on the input), `file_metrics` (FileMetrics of
@@ -572,7 +573,17 @@ def dataset_rule(df: DataFrame | None, r: Rule, total: int, context: dict[str, A
         for c in r.columns:  # SQL UNIQUE semantics: NULL keys are not duplicates (not_null covers them)
             p = _col(c).isNotNull()
             present = p if present is None else present & p
-        dup = (table.where(present).groupBy(*[_col(c) for c in r.columns]).agg(F.count(F.lit(1)).alias("__rows"))
+        rows = table.where(present)
+        if context.get("unique_scoped") and df is not None and df is not table:
+            # the write replaced rows where it says (a merge, a partition overwrite): only the keys it
+            # wrote can have become duplicates; they are checked against every row of the table, which
+            # is read through their pruning predicate, not in full (lakehouse.pruning)
+            from lakehouse.pruning import KeyScope
+
+            mine = df.where(present)
+            rows = rows.where(KeyScope.collect(mine, r.columns).column()).join(
+                mine.select(*[_col(c).alias(c) for c in r.columns]).distinct(), list(r.columns), "left_semi")
+        dup = (rows.groupBy(*[_col(c) for c in r.columns]).agg(F.count(F.lit(1)).alias("__rows"))
                .where("__rows > 1"))
         stats = dup.agg(F.coalesce(F.sum("__rows"), F.lit(0)), F.count(F.lit(1))).collect()[0]
         dups, keys = int(stats[0]), int(stats[1])

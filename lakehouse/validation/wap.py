@@ -9,7 +9,10 @@ table needs to branch from, and (policy `evolve`) new nullable columns in the ta
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
+import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +76,12 @@ class AuditedWrite:
         self.observed: dict[str, Any] | None = None  # RowPass keys observed during the writes
         self._observation_ok = True
         self._observed_keyset: set[str] | None = None  # the same keys must be observed on every batch
+        # what the writes that replaced data touched, as predicates over the table (a merge: its keys;
+        # a partition overwrite: its condition), so the audit reads those rows, not the whole table;
+        # None once a write replaced data without saying where (then the audit reads the whole branch)
+        self._scopes: list | None = []
+        self._appended = False
+        self._change_set: DataFrame | None = None
 
     # ------------------------------------------------------------------ write
     def _total_records(self, branch: str) -> int | None:
@@ -139,6 +148,7 @@ class AuditedWrite:
             if not self.created:
                 self._start_branch(keep.schema)
             row_pass = RowPass.plan(keep, self.rules, self._handled)
+            batch = self._scoped(batch, keep)
             keys = self._observed_keys(row_pass, keep) if self.target.write_mode == "append" else set()
             if self._observed_keyset is None:
                 self._observed_keyset = keys
@@ -156,9 +166,46 @@ class AuditedWrite:
         finally:
             if tagged is not None:
                 tagged.unpersist()
+            if self._change_set is not None:  # persisted by _scoped for a merge
+                self._change_set.unpersist()
+                self._change_set = None
         if res.operation != "append":
             self.appends_only = False
+        else:
+            self._appended = True
         return res
+
+    def _scoped(self, batch: Batch, keep: DataFrame) -> Batch:
+        """Record where this batch's write lands in the table (`_scopes`); a merge also gets the
+        pruning predicate of its keys, so MERGE reads only the files those keys can be in."""
+        spec = batch.write
+        if spec is None:
+            if self.target.write_mode != "append":
+                self._scopes = None
+            return batch
+        if spec.mode == "merge":
+            from pyspark import StorageLevel
+
+            from lakehouse.pruning import KeyScope
+
+            self._change_set = keep.persist(StorageLevel.MEMORY_AND_DISK)  # its keys are read, then it is merged
+            scope = KeyScope.collect(keep, spec.merge_keys or self.target.merge_keys)
+            if self._scopes is not None:
+                self._scopes.append(scope.column())
+            return dataclasses.replace(batch, write=dataclasses.replace(spec, prune=scope.sql("t")))
+        if spec.mode == "overwrite" and spec.condition is not None:
+            if self._scopes is not None:
+                self._scopes.append(spec.condition)
+            return batch
+        self._scopes = None
+        return batch
+
+    def _scope(self):
+        """The predicate selecting every row this run's writes replaced or added, or None when
+        only the whole branch covers them (an unscoped replacement, or appends mixed in)."""
+        if self.appends_only or self._appended or not self._scopes:
+            return None
+        return functools.reduce(operator.or_, self._scopes)
 
     def _start_branch(self, schema) -> None:
         """The table (created from `schema` if new) and this run's branch, before the first write."""
@@ -230,12 +277,15 @@ class AuditedWrite:
 
     # ------------------------------------------------------------------ audit
     def new_rows(self) -> DataFrame:
-        """The rows this run adds: an incremental read of the branch's own appends, or the whole
-        branch when a write replaced data (overwrite, merge)."""
+        """The rows this run adds: an incremental read of the branch's own appends; when writes
+        replaced data, the branch's rows where they wrote (a merge: the rows of the merged keys, read
+        through their pruning predicate; a partition overwrite: the rows of those partitions), or
+        the whole branch when a write did not say where."""
         head = self.tables.snapshot_id(self.ident, self.branch)
         branch_df = self.tables.read(self.ident, self.branch)
         if not self.appends_only:
-            return branch_df
+            scope = self._scope()
+            return branch_df if scope is None else branch_df.where(scope)
         if head is None or head == self.fork_snapshot:
             return branch_df.limit(0)
         reader = self.tables.spark.read.format("iceberg").option("end-snapshot-id", str(head))
@@ -260,6 +310,8 @@ class AuditedWrite:
             "row_actions": self.actions,
             "schema_drift": self.drift,
             "observed": self.observed if self.appends_only and self._observation_ok else None,
+            # a scoped write: `unique` checks the keys of the rows it wrote against the whole table
+            "unique_scoped": self._scope() is not None,
             "file_metrics": self.file_metrics(),
         }
 
@@ -267,7 +319,7 @@ class AuditedWrite:
         """Statistics of the files holding `new_rows()`: the branch's own appends, or every live
         file of the branch when a write replaced data. None when they cannot be read."""
         head = self.tables.snapshot_id(self.ident, self.branch)
-        if head is None:
+        if head is None or self._scope() is not None:  # scoped rows: the files hold others too
             return None
         try:
             found = self.tables.data_files(self.ident, head, self.fork_snapshot if self.appends_only else None)
