@@ -116,6 +116,42 @@ def test_decide(mode, consumed, end, want, why):
         assert d.describe().startswith(f"full recompute of bronze.t up to snapshot {end}: ")
 
 
+# --------------------------------------------------------------------------- fast lane: pruning predicates
+
+
+def test_key_ranges_cover_every_key_and_give_a_stray_key_its_own_range():
+    """A change set's keys become at most MAX_RANGES ranges: every key inside one, none overlapping,
+    cut at the widest gaps, so an old id sent again does not stretch a range over the files between."""
+    from lakehouse.pruning import MAX_RANGES, _ranges
+
+    new_ids = [f"e{n:010d}" for n in range(720_000, 721_000)]
+    strays = ["e0000000042", "e0000350000", "e0000719000"]
+    keys = sorted(strays + new_ids)
+    ranges = _ranges(keys)
+    assert len(ranges) <= MAX_RANGES
+    assert all(a <= b for a, b in ranges) and all(b < c for (_, b), (c, _) in zip(ranges, ranges[1:], strict=False))
+    assert all(any(a <= k <= b for a, b in ranges) for k in keys)
+    for k in strays:
+        assert (k, k) in ranges, ranges[:5]
+    assert _ranges(list(range(0, 2000, 2)) + [10**6])[-1] == (10**6, 10**6)  # numbers: by their difference
+    assert _ranges([1, 5, 9]) == [(1, 1), (5, 5), (9, 9)]
+
+
+@pytest.mark.parametrize("expression, column, want", [
+    ("CAST(event_ts AS DATE)", "event_date", "event_ts"),
+    ("to_date(ts)", "d", "ts"),
+    ("date(ts)", "d", "ts"),
+    (None, "event_date", "event_date"),
+    ("to_date(ts, 'yyyy-MM-dd')", "d", None),  # parses text: not a range of ts
+    ("CAST(ts AS STRING)", "d", None),
+    ("substr(ts, 1, 10)", "d", None),
+])
+def test_day_column_of_an_upstream_partition_expression(expression, column, want):
+    from lakehouse.pruning import day_column
+
+    assert day_column(expression, column) == want
+
+
 # --------------------------------------------------------------------------- the demo, round after round
 
 EPOCH = datetime(2026, 11, 1, tzinfo=UTC)
