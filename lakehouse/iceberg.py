@@ -165,17 +165,23 @@ class IcebergTables:
                 raise
 
     @_rides_out
-    def ensure_table(self, target: Target, schema, *, wap: bool = True) -> bool:
-        """Create the table from metadata (schema, partition spec, sort order) if missing. True if created."""
+    def ensure_table(self, target: Target, schema, *, wap: bool = True, properties: dict[str, str] | None = None
+                     ) -> bool:
+        """Create the table from metadata (schema, partition spec, sort order) if missing. True if created.
+        `properties`: table properties the platform adds (the target's own win); an existing table
+        gets those it lacks."""
         ident = target.identifier
         self.ensure_namespace(target.namespace)
         if self.exists(ident):
+            if properties:
+                self.ensure_properties(ident, {k: v for k, v in properties.items() if k not in target.table_properties})
             return False
         cols = ", ".join(f"{quote(f.name)} {ddl_type(f.dataType)}" for f in schema.fields)
         ddl = f"CREATE TABLE IF NOT EXISTS {self.qualified(ident)} ({cols}) USING iceberg"
         if target.partition_spec:
             ddl += " PARTITIONED BY (" + ", ".join(partition_expr(p) for p in target.partition_spec) + ")"
-        props = {"format-version": "2", "write.wap.enabled": "true" if wap else "false", **target.table_properties}
+        props = {"format-version": "2", "write.wap.enabled": "true" if wap else "false", **(properties or {}),
+                 **target.table_properties}
         ddl += " TBLPROPERTIES (" + ", ".join(f"{sql_string(k)}={sql_string(v)}" for k, v in props.items()) + ")"
         try:
             self.spark.sql(ddl)
@@ -189,6 +195,19 @@ class IcebergTables:
             )
         log.info("created Iceberg table %s", ident)
         return True
+
+    @_rides_out
+    def ensure_properties(self, identifier: str, properties: dict[str, str]) -> None:
+        """Set the table properties the table lacks (a metadata commit, no snapshot: main's data and
+        every branch stay where they are); one already set, to any value, is left alone."""
+        if self.meta is not None:
+            have = self._meta_table(identifier).properties
+        else:
+            have = {r["key"]: r["value"] for r in self.spark.sql(f"SHOW TBLPROPERTIES {self.qualified(identifier)}").collect()}
+        missing = {k: v for k, v in properties.items() if k not in have}
+        if missing:
+            self.spark.sql(f"ALTER TABLE {self.qualified(identifier)} SET TBLPROPERTIES ("
+                           + ", ".join(f"{sql_string(k)}={sql_string(v)}" for k, v in missing.items()) + ")")
 
     @_rides_out
     def add_missing_columns(self, identifier: str, schema) -> list[str]:

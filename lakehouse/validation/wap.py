@@ -209,8 +209,10 @@ class AuditedWrite:
 
     def _start_branch(self, schema) -> None:
         """The table (created from `schema` if new) and this run's branch, before the first write."""
+        props = self._table_properties()
+
         def start_branch():
-            self.tables.ensure_table(self.target, schema)
+            self.tables.ensure_table(self.target, schema, properties=props)
             self.tables.create_branch(self.ident, self.branch)
 
         retry_metadata_commit(self.tables, self.ident, start_branch)
@@ -218,6 +220,15 @@ class AuditedWrite:
         if self.prepare_branch is not None:
             self.prepare_branch(self.tables, self.branch)
         self.created = True
+
+    def _table_properties(self) -> dict[str, str]:
+        """What the platform adds to the target's table properties: an incremental merge stage's
+        keys get Parquet bloom filters, so finding the rows of a change set's keys skips the row
+        groups without them whatever the table's size (lakehouse.pruning)."""
+        from lakehouse.pruning import bloom_filter_properties
+
+        inc = getattr(getattr(self.runner, "stage", None), "incremental", None)
+        return bloom_filter_properties(inc.merge_keys) if inc is not None and inc.mode == "merge" else {}
 
     def _observed_keys(self, row_pass: RowPass, keep: DataFrame) -> set[str]:
         """RowPass keys to count on the rows as they are written: those the new files'
