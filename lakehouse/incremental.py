@@ -188,12 +188,19 @@ class IncrementalRead:
         self.inc: Incremental | None = ctx.stage.incremental
         self.tables = ctx.platform.tables()
         self.ident = ctx.target.identifier
-        if len(plan.upstream_snapshots) != 1:
+        ups = plan.upstream_snapshots
+        named = self.inc.upstream if self.inc is not None and len(ups) > 1 else None
+        driving = [k for k in ups if len(ups) == 1 or (named is not None and k.lower() == named)]
+        if len(driving) != 1:
             raise ConfigurationError(
                 f"stage {ctx.stage.pipeline_id}.{ctx.stage.stage_name} is incremental but reads "
-                f"{sorted(plan.upstream_snapshots) or 'no table'}: an incremental stage reads exactly one upstream "
-                "table. Fix: remove `incremental`, or split the stage")
-        (self.upstream, self.end), = plan.upstream_snapshots.items()
+                f"{sorted(ups) or 'no table'}" + (f", not {named!r} (its incremental.upstream)" if named else
+                                                  " and does not say which one it reads incrementally") +
+                ". Fix: set incremental.upstream to one of the tables its SQL reads, or remove `incremental`")
+        self.upstream = driving[0]
+        self.end = ups[self.upstream]
+        #: upstreams read in full beside it (a dimension): any change to one means a full recompute
+        self.others = {k: v for k, v in ups.items() if k != self.upstream}
 
     def _fork(self) -> int | None:
         """Make the run's audit branch now, so the mark is read on the snapshot the publish
@@ -204,16 +211,34 @@ class IncrementalRead:
         retry_metadata_commit(self.tables, self.ident, lambda: self.tables.create_branch(self.ident, branch))
         return self.tables.snapshot_id(self.ident, branch)
 
-    def _from_replica(self) -> bool:
-        return self.upstream in self.plan.details.get("table_overrides", {})
+    def _from_replica(self, upstream: str | None = None) -> bool:
+        return (upstream or self.upstream) in self.plan.details.get("table_overrides", {})
 
     def decide(self, fork: int | None) -> Decision:
         if self._from_replica():
             return Decision(FULL, self.upstream, None, self.end, "it was read from its replica")
         cat = self.ctx.platform.pyiceberg_catalog()
-        consumed = consumed_marks(cat.load_table(self.ident).metadata, fork).get(self.upstream) if fork else None
+        marks = consumed_marks(cat.load_table(self.ident).metadata, fork) if fork else {}
+        consumed = marks.get(self.upstream)
+        if consumed is not None:
+            for other, snap in sorted(self.others.items()):
+                full = self._other_changed(other, marks.get(other), snap)
+                if full:
+                    return Decision(FULL, self.upstream, consumed, self.end, full)
         graph = snapshot_graph(cat.load_table(self.upstream).metadata) if consumed is not None else {}
         return decide(graph, self.inc.mode, self.upstream, consumed, self.end)
+
+    def _other_changed(self, other: str, consumed: int | None, now: int | None) -> str:
+        """Why an upstream read in full beside the incremental one forces a full recompute ('' if not):
+        the output's rows from old input rows may depend on it, and only a recompute reads them again."""
+        if self._from_replica(other):
+            return f"{other}, read in full beside it, was read from its replica (its snapshots cannot be compared)"
+        if consumed == now:
+            return ""
+        if consumed is None:
+            return f"{other}, read in full beside it, has no consumed snapshot recorded (it is at {now})"
+        return (f"{other}, read in full beside it, changed since the run before (snapshot {consumed} -> {now}): "
+                "rows computed from it earlier may be stale")
 
     def _newest(self, out: DataFrame) -> DataFrame:
         """merge with order_by: one row per key, the newest (in a change set and in a full recompute
@@ -227,7 +252,7 @@ class IncrementalRead:
         return out.withColumn("__lh_rank", F.row_number().over(w)).where("__lh_rank = 1").drop("__lh_rank")
 
     def _props(self) -> dict[str, str]:
-        return {"lakehouse.upstream": json.dumps({self.upstream: self.end}, separators=(",", ":")),
+        return {"lakehouse.upstream": json.dumps(dict(self.plan.upstream_snapshots), separators=(",", ":")),
                 "lakehouse.run_id": self.ctx.run_id}
 
     def _reader(self, **options: int):
@@ -267,8 +292,9 @@ class IncrementalRead:
                 self.tables.drop_branch(self.ident, branch_name_for_run(self.ctx.run_id))
             return
         props = {**self._props(), MODE_PROPERTY: d.mode}
-        if self.end is not None and not self._from_replica():  # a replica's snapshot ids are not the upstream's
-            props[CONSUMED_PREFIX + self.upstream] = str(self.end)
+        for up, snap in ((self.upstream, self.end), *self.others.items()):
+            if snap is not None and not self._from_replica(up):  # a replica's snapshot ids are not the upstream's
+                props[CONSUMED_PREFIX + up] = str(snap)
         cat = self.ctx.platform.settings.catalog_name
         if d.mode == FULL:
             yield Batch(self._newest(self.run_sql(self.ctx, self.plan, None)), props, label="sql (full recompute)",
@@ -324,6 +350,8 @@ class IncrementalRead:
         details: dict[str, Any] = {"mode": d.mode, "upstream": d.upstream, "consumed": d.consumed, "end": d.end}
         if touched:
             details["partitions"] = [str(v) for v in touched[:100]]
+        if self.others:
+            details["read_in_full"] = dict(self.others)
         outcome = {FULL: "fallback_full", NOTHING: "nothing_new"}.get(d.mode, "incremental")
         self.ctx.audit("incremental", outcome=outcome, message=d.describe(), details=details)
         self.ctx.report["incremental"] = d.describe()

@@ -78,16 +78,33 @@ def test_static_checks_name_the_field_and_the_fix(tmp_path):
     assert any(p.startswith("stages[2].incremental.upstream_partition: cannot parse 'CAST(event_ts AS'") for p in probs)
 
 
-def test_incremental_stage_reads_exactly_one_table(tmp_path):
+def test_incremental_stage_over_two_tables_names_the_one_read_incrementally(tmp_path):
+    """A join of two upstreams: the metadata must say which one's changes drive the run, and name a
+    table the SQL reads; then it loads."""
     meta = _demo_copy(tmp_path, lambda s: s)
-    sql = meta / "sql" / "gold_daily_user_events.sql"
-    sql.write_text(sql.read_text().replace("FROM silver.user_events",
-                                           "FROM silver.user_events JOIN bronze.user_events b USING (event_id)"))
+    (meta / "sql" / "gold_daily_user_events.sql").write_text(
+        "SELECT CAST(s.event_ts AS DATE) AS event_date, COUNT(*) AS total_events, COUNT(DISTINCT s.user_id) AS "
+        "unique_users FROM silver.user_events s JOIN bronze.user_events b ON s.event_id = b.event_id "
+        "GROUP BY CAST(s.event_ts AS DATE)")
     with pytest.raises(MetadataError) as exc:
         load_metadata(meta)
     assert any("stages[2].incremental: stage user_events_etl.gold_aggregate is incremental but its SQL reads "
-               "silver.user_events, bronze.user_events: an incremental stage reads exactly one upstream table" in p
+               "silver.user_events, bronze.user_events: say which one is read incrementally" in p
+               and "Fix: add `upstream: <one of them>` to `incremental`" in p for p in exc.value.problems), \
+        exc.value.problems
+
+    y = meta / "user_events.yaml"
+    y.write_text(y.read_text().replace('upstream_partition: "CAST(event_ts AS DATE)"}',
+                                       'upstream_partition: "CAST(event_ts AS DATE)", upstream: gold.other}'))
+    with pytest.raises(MetadataError) as exc:
+        load_metadata(meta)
+    assert any("stages[2].incremental.upstream: stage user_events_etl.gold_aggregate reads 'gold.other' "
+               "incrementally but its SQL reads silver.user_events, bronze.user_events" in p
                for p in exc.value.problems), exc.value.problems
+
+    y.write_text(y.read_text().replace("upstream: gold.other}", "upstream: Silver.User_Events}"))
+    stage = next(s for s in load_metadata(meta).catalog.stages if s.stage_name == "gold_aggregate")
+    assert stage.incremental.upstream == "silver.user_events"
 
 
 # --------------------------------------------------------------------------- fast lane: decisions
@@ -485,6 +502,97 @@ def test_merge_audit_reads_the_merged_keys_and_still_catches_what_the_whole_tabl
     assert failed["plan_known"].failed_rows == 1 and failed["plan_known"].total_rows == 2
     assert cat.load_table("silver.accounts").current_snapshot().snapshot_id == main
     assert silver() == expected
+
+
+ORDERS = """
+pipelines:
+  - {pipeline_id: orders}
+sources:
+  - {source_id: orders_raw, kind: files, format: jsonl, path: orders, glob: "*.jsonl",
+     columns: [{name: id, type: string}, {name: uid, type: int}, {name: amount, type: int}]}
+  - {source_id: users_raw, kind: files, format: jsonl, path: users, glob: "*.jsonl",
+     columns: [{name: uid, type: int}, {name: country, type: string}]}
+targets:
+  - {target_id: bronze_orders, namespace: bronze, table: orders}
+  - {target_id: bronze_users, namespace: bronze, table: users, write_mode: overwrite}
+  - {target_id: silver_orders, namespace: silver, table: orders, write_mode: overwrite}
+stages:
+  - {pipeline_id: orders, stage_order: 1, stage_name: orders_in, layer: bronze, source_id: orders_raw,
+     target_id: bronze_orders}
+  - {pipeline_id: orders, stage_order: 2, stage_name: users_in, layer: bronze, source_id: users_raw,
+     target_id: bronze_users}
+  - pipeline_id: orders
+    stage_order: 3
+    stage_name: enrich
+    layer: silver
+    target_id: silver_orders
+    transformation: >-
+      SELECT o.id, o.amount, u.country FROM bronze.orders o LEFT JOIN bronze.users u ON o.uid = u.uid
+    incremental: {mode: merge, merge_keys: [id], upstream: bronze.orders}
+"""
+
+
+@pytest.mark.slow
+def test_join_to_a_dimension_reads_the_facts_incrementally_and_recomputes_when_the_dimension_changed(platform,
+                                                                                                    tmp_path):
+    """Orders joined to users, orders read incrementally: new orders are merged while users stay as they
+    were (both snapshots recorded in the commit); once users changed, the run recomputes in full, says
+    why, and old orders get the new country, which merging the new orders alone would have missed."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from lakehouse.runner import StageRunner
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "o.yaml").write_text(ORDERS)
+    platform.store.apply(load_metadata(tmp_path / "m"))
+    s = platform.settings
+    cat = SqlCatalog(s.catalog_name, uri=s.catalog_uri, warehouse=s.warehouse)
+    for d in ("orders", "users"):
+        (s.landing_dir / d).mkdir(parents=True)
+
+    def round_(n: int, orders: list[tuple], users: dict | None = None) -> dict:
+        (s.landing_dir / "orders" / f"{n}.jsonl").write_text(
+            "".join(json.dumps({"id": i, "uid": u, "amount": a}) + "\n" for i, u, a in orders))
+        if users is not None:  # the whole dimension, landed again: bronze.users is overwritten with it
+            (s.landing_dir / "users" / f"{n}.jsonl").write_text(
+                "".join(json.dumps({"uid": u, "country": c}) + "\n" for u, c in users.items()))
+        for stage in ("orders_in", "users_in", "enrich"):
+            r = StageRunner(platform, "orders", stage)
+            r.load(r.extract())
+        return {r["id"]: (r["amount"], r["country"]) for r in cat.load_table("silver.orders").scan().to_arrow().to_pylist()}
+
+    def last(stage: str = "enrich"):
+        return [e for e in platform.store.audit_entries(pipeline_id="orders", event="incremental")
+                if e.stage_name == stage][-1]
+
+    def marks() -> dict:
+        props = cat.load_table("silver.orders").current_snapshot().summary.additional_properties
+        return {k: int(v) for k, v in props.items() if k.startswith("lakehouse.consumed.")}
+
+    def head(ident: str) -> int:
+        return cat.load_table(ident).current_snapshot().snapshot_id
+
+    assert round_(1, [("o1", 1, 10), ("o2", 2, 20)], {1: "US", 2: "DE"}) == {"o1": (10, "US"), "o2": (20, "DE")}
+    assert _mode(cat, "silver.orders") == FULL
+
+    got = round_(2, [("o3", 1, 30)])
+    assert got == {"o1": (10, "US"), "o2": (20, "DE"), "o3": (30, "US")}
+    assert _mode(cat, "silver.orders") == MERGE and last().outcome == "incremental"
+    assert marks() == {"lakehouse.consumed.bronze.orders": head("bronze.orders"),
+                       "lakehouse.consumed.bronze.users": head("bronze.users")}
+
+    users_before = head("bronze.users")
+    got = round_(3, [("o4", 2, 40)], {1: "FR", 2: "DE"})
+    assert got == {"o1": (10, "FR"), "o2": (20, "DE"), "o3": (30, "FR"), "o4": (40, "DE")}
+    e = last()
+    assert (_mode(cat, "silver.orders"), e.outcome) == (FULL, "fallback_full")
+    assert (f"bronze.users, read in full beside it, changed since the run before (snapshot {users_before} -> "
+            f"{head('bronze.users')})") in e.message, e.message
+    assert marks()["lakehouse.consumed.bronze.users"] == head("bronze.users")
+
+    got = round_(4, [("o5", 1, 50)])  # users unchanged again: back to merging
+    assert got["o5"] == (50, "FR") and len(got) == 5
+    assert _mode(cat, "silver.orders") == MERGE
 
 
 # --------------------------------------------------------------------------- daily partitions and backfills

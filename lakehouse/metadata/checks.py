@@ -207,7 +207,8 @@ def _target_columns(tgt: Target, sc: StageColumns, locate: Locate, add) -> None:
 
 def _incremental_problems(catalog: MetadataCatalog, stage: Stage, tgt: Target | None, sc: StageColumns | None,
                           locate: Locate) -> list[tuple[str, str]]:
-    """An incremental stage (lakehouse.incremental) is a SQL stage over one table, whose target a full
+    """An incremental stage (lakehouse.incremental) is a SQL stage over one table (or several, naming
+    the one read incrementally), whose target a full
     recompute can overwrite, and whose keys / ordering / partition column are output columns."""
     inc = stage.incremental
     w = f"{locate('stages', stage.key())}.incremental"
@@ -217,10 +218,17 @@ def _incremental_problems(catalog: MetadataCatalog, stage: Stage, tgt: Target | 
         return [(w, f"{name} is incremental but has no SQL transformation: only SQL stages over an Iceberg table "
                  "read incrementally. Fix: remove `incremental`")]
     ups = stage_upstreams(catalog, stage)
-    if len(ups) != 1:
-        out.append((w, f"{name} is incremental but its SQL reads {', '.join(ups) or 'no table'}: an incremental "
-                    "stage reads exactly one upstream table (its changes drive the run). Fix: remove "
-                    "`incremental`, or read one table"))
+    if inc.upstream is not None and inc.upstream not in ups:
+        out.append((f"{w}.upstream", f"{name} reads {inc.upstream!r} incrementally but its SQL reads "
+                    f"{', '.join(ups) or 'no table'}. Fix: name one of those tables"))
+    elif not ups:
+        out.append((w, f"{name} is incremental but its SQL reads no table: an incremental stage reads an upstream "
+                    "table's changes. Fix: remove `incremental`"))
+    elif len(ups) > 1 and inc.upstream is None:
+        out.append((w, f"{name} is incremental but its SQL reads {', '.join(ups)}: say which one is read "
+                    "incrementally (its changes drive the run; the others are read in full and a change to them "
+                    "means a full recompute). Fix: add `upstream: <one of them>` to `incremental`, or remove "
+                    "`incremental`"))
     if tgt is None or tgt.kind != "iceberg":
         return out
     tw = locate("targets", tgt.key())

@@ -76,8 +76,8 @@ class Pipeline(Entity):
 
 
 class Incremental(BaseModel):
-    """An incremental stage (lakehouse.incremental): each run reads only what its one upstream table
-    committed since the upstream snapshot it last consumed (recorded in the target's snapshot
+    """An incremental stage (lakehouse.incremental): each run reads only what its upstream table (the
+    one named by `upstream` when the SQL reads several) committed since the upstream snapshot it last consumed (recorded in the target's snapshot
     summary, in the same commit as the data), and writes by merge or by replacing the partitions
     that input touched; anything it cannot read incrementally falls back to a full recompute."""
 
@@ -98,6 +98,20 @@ class Incremental(BaseModel):
         default=None, description="partitions: a Spark SQL expression over an upstream row giving the "
         "partition_column value of the output rows it contributes to, e.g. CAST(event_ts AS DATE) "
         "(default: the upstream column named like partition_column)")
+    upstream: str | None = Field(
+        default=None, description="the upstream table (namespace.table) read incrementally when the SQL reads "
+        "more than one (e.g. events joined to a dimension); the others are read in full, their snapshots are "
+        "recorded too, and a run finding any of them changed since recomputes in full and says so")
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parts = v.split(".")
+        if len(parts) != 2:
+            raise ValueError(f"upstream {v!r} must be namespace.table")
+        return ".".join(check_ident(p, "upstream part") for p in parts).lower()
 
     @field_validator("merge_keys")
     @classmethod
@@ -174,7 +188,8 @@ class Stage(Entity):
     )
     incremental: Incremental | None = Field(
         default=None, description="read only what the upstream committed since the last run (SQL stages over "
-        "one upstream table whose target has write_mode overwrite, what a full recompute does)")
+        "one upstream table, or several naming the one read incrementally, whose target has write_mode "
+        "overwrite, what a full recompute does)")
 
     sql_engine: Literal["spark", "duckdb"] = Field(
         default="spark", description="where a SQL stage's SELECT runs: spark, or duckdb over the pinned "
