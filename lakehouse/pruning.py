@@ -94,13 +94,6 @@ class KeyScope:
 
     columns: tuple[ColumnKeys, ...]
     empty: bool  # the frame had no rows: the predicate selects nothing
-    keys: tuple[str, ...] = ()
-
-    @property
-    def exact(self) -> bool:
-        """The predicate selects exactly the rows whose key is one of the frame's (every key column
-        has its IN list), not more."""
-        return len(self.columns) == len(self.keys) and all(c.values is not None for c in self.columns)
 
     @classmethod
     def collect(cls, df: DataFrame, keys: list[str] | tuple[str, ...]) -> KeyScope:
@@ -126,7 +119,7 @@ class KeyScope:
                 cols.append(ColumnKeys(k, ((lo, hi),), None, has_null))
         if not cols:  # no column could be scoped: only "some rows or none" is known
             rows_seen = bool(df.limit(1).collect())
-        return cls(tuple(cols), not rows_seen, tuple(keys))
+        return cls(tuple(cols), not rows_seen)
 
     def column(self, qualifier: str = "") -> Column:
         """The predicate over the table's columns (`qualifier`: the table's alias in a statement)."""

@@ -451,8 +451,7 @@ def evaluate_rules(df: DataFrame, rules: list[Rule], *, context: dict[str, Any] 
     """Evaluate every enabled rule. `df` holds the rows this run adds (on the audit branch).
 
     context (all optional): `table` (the whole branch: unique; with `unique_scoped`, only the keys of
-    `df` are checked against it, or `df` alone when it holds every row of the `scope_keys` it has),
-    `previous_row_count` and
+    `df` are checked against it), `previous_row_count` and
     `row_count_after` (main before, branch after: row_count_change), `ref_frames`
     (ref_dataset -> frame), `row_actions` (ActionCounts of the drop/quarantine split),
     `schema_drift` (rule name -> SchemaDrift seen on the input), `file_metrics` (FileMetrics of
@@ -575,12 +574,7 @@ def dataset_rule(df: DataFrame | None, r: Rule, total: int, context: dict[str, A
             p = _col(c).isNotNull()
             present = p if present is None else present & p
         rows = table.where(present)
-        covered = context.get("scope_keys") or frozenset()
-        if context.get("unique_scoped") and df is not None and covered and covered <= {c.lower() for c in r.columns}:
-            # `df` holds every row of the table whose merge key is one the write merged: a row sharing
-            # this rule's columns with one of them shares that key, so it is in `df` too
-            rows = df.where(present)
-        elif context.get("unique_scoped") and df is not None and df is not table:
+        if context.get("unique_scoped") and df is not None and df is not table:
             # the write replaced rows where it says (a merge, a partition overwrite): only the keys it
             # wrote can have become duplicates; they are checked against every row of the table, which
             # is read through their pruning predicate, not in full (lakehouse.pruning)

@@ -80,7 +80,6 @@ class AuditedWrite:
         # a partition overwrite: its condition), so the audit reads those rows, not the whole table;
         # None once a write replaced data without saying where (then the audit reads the whole branch)
         self._scopes: list | None = []
-        self._scope_keys: set[str] | None = None  # the key columns every scope selects exactly by (merges)
         self._appended = False
         self._change_set: DataFrame | None = None
 
@@ -193,13 +192,10 @@ class AuditedWrite:
             scope = KeyScope.collect(keep, spec.merge_keys or self.target.merge_keys)
             if self._scopes is not None:
                 self._scopes.append(scope.column())
-                keys = {k.lower() for k in scope.keys} if scope.exact else set()
-                self._scope_keys = keys if self._scope_keys is None else self._scope_keys & keys
             return dataclasses.replace(batch, write=dataclasses.replace(spec, prune=scope.sql("t")))
         if spec.mode == "overwrite" and spec.condition is not None:
             if self._scopes is not None:
                 self._scopes.append(spec.condition)
-                self._scope_keys = set()
             return batch
         self._scopes = None
         return batch
@@ -327,8 +323,6 @@ class AuditedWrite:
             "observed": self.observed if self.appends_only and self._observation_ok else None,
             # a scoped write: `unique` checks the keys of the rows it wrote against the whole table
             "unique_scoped": self._scope() is not None,
-            # ...and the rows of every key it wrote are all among the rows it wrote (merges by these keys)
-            "scope_keys": frozenset(self._scope_keys or ()) if self._scope() is not None else frozenset(),
             "file_metrics": self.file_metrics(),
         }
 
