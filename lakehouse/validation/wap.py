@@ -212,7 +212,8 @@ class AuditedWrite:
         props = self._table_properties()
 
         def start_branch():
-            self.tables.ensure_table(self.target, schema, properties=props)
+            # only Spark's tables take properties (an incremental merge, which runs on Spark only)
+            self.tables.ensure_table(self.target, schema, **({"properties": props} if props else {}))
             self.tables.create_branch(self.ident, self.branch)
 
         retry_metadata_commit(self.tables, self.ident, start_branch)
