@@ -254,6 +254,17 @@ def _mode(cat, ident: str) -> str | None:
     return cat.load_table(ident).current_snapshot().summary.additional_properties.get("lakehouse.incremental")
 
 
+def _apply_one(platform, tmp_path, text: str):
+    """Apply `text` as the only metadata file; the independent reader of the platform's catalog."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "meta.yaml").write_text(text)
+    platform.store.apply(load_metadata(tmp_path / "m"))
+    s = platform.settings
+    return SqlCatalog(s.catalog_name, uri=s.catalog_uri, warehouse=s.warehouse)
+
+
 def _last_incremental(platform, stage: str):
     return [e for e in platform.store.audit_entries(pipeline_id=PIPE, event="incremental")
             if e.stage_name == stage][-1]
@@ -379,17 +390,11 @@ stages:
 def test_merge_order_by_keeps_the_newest_version_whatever_arrives_when(platform, tmp_path):
     """order_by: duplicates of a key in one change set keep the highest version, and a version older
     than the target's, arriving later, changes nothing; the full first run dedupes the same way."""
-    from pyiceberg.catalog.sql import SqlCatalog
-
     from lakehouse.runner import StageRunner
 
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "v.yaml").write_text(VERSIONS)
-    platform.store.apply(load_metadata(tmp_path / "m"))
+    cat = _apply_one(platform, tmp_path, VERSIONS)
     landing = platform.settings.landing_dir / "versions"
     landing.mkdir(parents=True)
-    s = platform.settings
-    cat = SqlCatalog(s.catalog_name, uri=s.catalog_uri, warehouse=s.warehouse)
 
     def round_(name: str, rows: list[tuple[str, int, str]]) -> dict:
         (landing / name).write_text("".join(json.dumps({"id": i, "version": v, "value": x}) + "\n" for i, v, x in rows))
@@ -434,18 +439,12 @@ def test_merge_audit_reads_the_merged_keys_and_still_catches_what_the_whole_tabl
     """A merge is audited on the rows of the keys it merged (read through their pruning predicate, not
     the whole table), yet a bad value in the change set and a duplicate made against an old row both
     block the publish; a null key merges into its null row (the MERGE's pruning keeps nulls)."""
-    from pyiceberg.catalog.sql import SqlCatalog
-
     from lakehouse.core import AuditFailed
     from lakehouse.runner import StageRunner
 
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "a.yaml").write_text(ACCOUNTS)
-    platform.store.apply(load_metadata(tmp_path / "m"))
+    cat = _apply_one(platform, tmp_path, ACCOUNTS)
     landing = platform.settings.landing_dir / "accounts"
     landing.mkdir(parents=True)
-    s = platform.settings
-    cat = SqlCatalog(s.catalog_name, uri=s.catalog_uri, warehouse=s.warehouse)
     expected: dict = {}
 
     def round_(name: str, rows: list[tuple]):
@@ -538,15 +537,10 @@ def test_join_to_a_dimension_reads_the_facts_incrementally_and_recomputes_when_t
     """Orders joined to users, orders read incrementally: new orders are merged while users stay as they
     were (both snapshots recorded in the commit); once users changed, the run recomputes in full, says
     why, and old orders get the new country, which merging the new orders alone would have missed."""
-    from pyiceberg.catalog.sql import SqlCatalog
-
     from lakehouse.runner import StageRunner
 
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "o.yaml").write_text(ORDERS)
-    platform.store.apply(load_metadata(tmp_path / "m"))
+    cat = _apply_one(platform, tmp_path, ORDERS)
     s = platform.settings
-    cat = SqlCatalog(s.catalog_name, uri=s.catalog_uri, warehouse=s.warehouse)
     for d in ("orders", "users"):
         (s.landing_dir / d).mkdir(parents=True)
 
