@@ -19,13 +19,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lakehouse.metadata.engine_support import ARROW_SOURCES, arrow_blockers
+from lakehouse.metadata.engine_support import ARROW_SOURCES, arrow_blockers, rule_blockers
 from lakehouse.metadata.model import ENGINES, Target
 
 if TYPE_CHECKING:
     from lakehouse.core import Batch, ExtractPlan, StageContext
     from lakehouse.iceberg import IcebergTables
-    from lakehouse.metadata.model import MetadataCatalog
+    from lakehouse.metadata.model import Application, MetadataCatalog, Rule
     from lakehouse.platform import Platform
 
 #: the engine of a target when neither it nor the platform setting `engine.default` names one.
@@ -93,6 +93,50 @@ def choose(ctx: StageContext, plan: ExtractPlan) -> EngineChoice:
     if size <= limit:
         return EngineChoice("arrow", asked, f"auto: {size} bytes planned <= {limit} ({limit_origin})")
     return EngineChoice("spark", asked, f"auto: {size} bytes planned > {limit} ({limit_origin})")
+
+
+def choose_for_application(catalog: MetadataCatalog, app: Application, rules: list[Rule], size: int) -> EngineChoice:
+    """The engine of an entity_raw load of `size` bytes of files into entity_raw.<app>: the
+    application's `engine` (else engine.default, else the built-in default), `auto` by the
+    application's `arrow_max_bytes` (else engine.arrow_max_bytes, else the default), as `choose`."""
+    if app.engine:
+        asked, origin = app.engine, f"application {app.application_id} engine"
+    else:
+        value = (catalog.setting("engine.default") or "").strip()
+        asked, origin = (value, "platform setting engine.default") if value in ENGINES else (BUILT_IN_DEFAULT,
+                                                                                            "built-in default")
+    if asked == "spark":
+        return EngineChoice("spark", asked, f"{origin} is spark")
+    blockers = rule_blockers(rules)
+    if blockers:
+        if asked == "arrow" and origin.startswith("application"):
+            raise ValueError(f"application {app.application_id} asks for engine arrow, which cannot load "
+                             f"entity_raw.{app.application_id.lower()}: {'; '.join(blockers)}. Set engine: spark or auto")
+        return EngineChoice("spark", asked, f"{origin} is {asked}, but {'; '.join(blockers)}")
+    if asked == "arrow":
+        return EngineChoice("arrow", asked, f"{origin} is arrow")
+    if app.arrow_max_bytes is not None:
+        limit, limit_origin = app.arrow_max_bytes, f"application {app.application_id} arrow_max_bytes"
+    else:
+        raw = (catalog.setting("engine.arrow_max_bytes") or "").strip()
+        limit, limit_origin = ((int(raw), "platform setting engine.arrow_max_bytes") if raw.isdigit()
+                               else (DEFAULT_ARROW_MAX_BYTES, "platform default"))
+    if size <= limit:
+        return EngineChoice("arrow", asked, f"auto: {size} bytes of files <= {limit} ({limit_origin})")
+    return EngineChoice("spark", asked, f"auto: {size} bytes of files > {limit} ({limit_origin})")
+
+
+def choose_for_export(catalog: MetadataCatalog, target: Target, size: int) -> EngineChoice:
+    """What reads a published table for the warehouse export: PyIceberg + Arrow when the table's
+    engine allows it and its snapshot (`size` bytes of data files) is within the Arrow threshold."""
+    asked, origin = asked_engine(catalog, target)
+    if asked == "spark":
+        return EngineChoice("spark", asked, f"{origin} is spark")
+    limit, limit_origin = arrow_max_bytes(catalog, target)
+    if asked == "arrow" or size <= limit:
+        why = f"{origin} is arrow" if asked == "arrow" else f"auto: {size} bytes of data files <= {limit} ({limit_origin})"
+        return EngineChoice("arrow", asked, why)
+    return EngineChoice("spark", asked, f"auto: {size} bytes of data files > {limit} ({limit_origin})")
 
 
 def may_need_spark(catalog: MetadataCatalog, pipeline_id: str) -> bool:

@@ -123,6 +123,8 @@ class LoadResult:
     records_quarantined: int = 0  # raw_record over the application's max_record_bytes
     skipped_reason: str | None = None  # a source/target kill switch stopped the load: nothing published
     checks: list = field(default_factory=list)  # the rules' outcomes (lakehouse.validation.rules.CheckOutcome)
+    engine: str | None = None  # spark | arrow: what read the files and wrote the table (lakehouse.engine)
+    engine_reason: str | None = None
 
     def metadata(self) -> dict[str, Any]:
         md: dict[str, Any] = {"table": self.table, "mode": self.mode, "files_loaded": self.files_loaded,
@@ -136,6 +138,8 @@ class LoadResult:
             md["empty_files"] = self.empty_files
         if self.skipped_reason:
             md["skipped_reason"] = self.skipped_reason
+        if self.engine:
+            md["engine"], md["engine_reason"] = self.engine, self.engine_reason or ""
         if self.records_quarantined:
             md["records_quarantined"] = self.records_quarantined
             md["records_quarantined_in"] = self.table + "__quarantine"
@@ -319,7 +323,8 @@ def resolve_files(platform: Platform, src: Source | None, request: LoadRequest) 
 
 
 def load(platform: Platform, request: LoadRequest | dict, run_id: str | None = None) -> LoadResult:
-    """Validate, create on demand, stage, convert with Spark, commit once on a branch, publish."""
+    """Validate, create on demand, stage, convert (with Spark, or with pyarrow when the engine
+    choice says Arrow: no JVM), commit once on a branch, publish."""
     t0 = time.monotonic()
     request = request if isinstance(request, LoadRequest) else LoadRequest.model_validate(request)
     run_id = run_id or uuid.uuid4().hex
@@ -383,14 +388,23 @@ def load(platform: Platform, request: LoadRequest | dict, run_id: str | None = N
             result.empty_files += 1
     cp.record(_ck_rows(unread, ck, run_id))
     good = [f for f in checked if f.status == PROCESSED]
-    spark = platform.spark()
     extracted_at = request.extracted_at or int(time.time() * 1000)
-    frames = []
     groups: dict[tuple, list[FileRef]] = {}
     for f in good:
         c = contexts[f.key]
         groups.setdefault((c["typename"], c["workflow_id"], c["workflow_run_id"], c["connection_qualified_name"]),
                           []).append(f)
+    from lakehouse import engine as engines
+
+    rules = catalog.rule_set(app.validation_set_id).rules if app.validation_set_id else []
+    choice = engines.choose_for_application(catalog, app, rules, sum(f.size for f in good))
+    result.engine, result.engine_reason = choice.engine, choice.reason
+    if choice.engine == "arrow":
+        superseded = _load_arrow(platform, app, request, catalog, groups, good, checked, ck, result, since,
+                                 extracted_at, choice)
+        return _finish(platform, request, run_id, ident, superseded, result, staging, good, cp, tables, t0)
+    spark = platform.spark()
+    frames = []
     from lakehouse import entity_raw_cap
 
     for (typename, wf, wfr, cqn), fs in sorted(groups.items()):
@@ -417,12 +431,45 @@ def load(platform: Platform, request: LoadRequest | dict, run_id: str | None = N
                                  checked, ck, result, since)
         finally:
             cached.unpersist()
-        if superseded is not None:  # another run loaded some of these files first: load only the rest
-            if staging is not None:
-                shutil.rmtree(staging, ignore_errors=True)
-            return _load_rest(platform, request, run_id, ident, superseded, result)
-        if result.skipped_reason is None:
-            result.files_loaded = len(good)
+    else:
+        superseded = None
+    return _finish(platform, request, run_id, ident, superseded, result, staging, good if frames else [], cp, tables, t0)
+
+
+def _load_arrow(platform: Platform, app: Application, request: LoadRequest, catalog: MetadataCatalog, groups: dict,
+                good: list[FileRef], checked: list[FileRef], ck: dict[str, str], result: LoadResult, since,
+                extracted_at: int, choice):
+    """The files to entity_raw rows with pyarrow, capped, committed by the Arrow engine (no JVM)."""
+    import pyarrow as pa
+
+    from lakehouse import engine as engines
+    from lakehouse import entity_raw_arrow
+
+    parts = []
+    for (typename, wf, wfr, cqn), fs in sorted(groups.items()):
+        for raw in entity_raw_arrow.read_raw(fs):
+            parts.append(entity_raw_arrow.to_entity_raw(
+                raw, typename=typename, connection_qualified_name=cqn, workflow_id=wf, workflow_run_id=wfr,
+                extracted_at=extracted_at, tenant_id=request.tenant_id,
+                entity_name_field=app.entity_name_fields.get(typename.lower())))
+    result.typenames = sorted({g[0] for g in groups})
+    if not parts:
+        return None
+    ident = table_identifier(app.application_id)
+    table, result.records_quarantined = entity_raw_arrow.apply_cap(platform, ident, pa.concat_tables(parts), good,
+                                                                   app.max_record_bytes, result.run_id)
+    ctx = write_context(platform, app, result.run_id, catalog)
+    return _commit(platform, ctx, table, request, groups, checked, ck, result, since, engine=engines.engine_for(choice))
+
+
+def _finish(platform: Platform, request: LoadRequest, run_id: str, ident: str, superseded, result: LoadResult,
+            staging, loaded: list[FileRef], cp: Checkpoints, tables: IcebergTables, t0: float) -> LoadResult:
+    if superseded is not None:  # another run loaded some of these files first: load only the rest
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        return _load_rest(platform, request, run_id, ident, superseded, result)
+    if loaded and result.skipped_reason is None:
+        result.files_loaded = len(loaded)
     cp.sync(tables)
     if staging is not None:
         shutil.rmtree(staging, ignore_errors=True)
@@ -482,7 +529,7 @@ def _upsert_delete(ident: str, request: LoadRequest, groups: dict) -> Callable[[
 
 
 def _commit(platform: Platform, ctx: StageContext, df: DataFrame, request: LoadRequest, groups: dict,
-            checked: list[FileRef], ck: dict[str, str], result: LoadResult, since: int | None = None):
+            checked: list[FileRef], ck: dict[str, str], result: LoadResult, since: int | None = None, engine=None):
     """One commit on the run's branch through the write-audit-publish service (rules, kill switch,
     healing, throttle, exactly-once publish). Returns the PublishResult when nothing was published
     (input already on main, or main moved under an UPSERT)."""
@@ -492,13 +539,22 @@ def _commit(platform: Platform, ctx: StageContext, df: DataFrame, request: LoadR
     from lakehouse.publish import Superseded
 
     ident, run_id = ctx.target.identifier, ctx.run_id
-    wap = WriteAuditPublish(ctx, prepare_branch=_upsert_delete(ident, request, groups) if request.mode == "UPSERT" else None)
+    arrow = engine is not None and engine.name == "arrow"
+    delete = None
+    if request.mode == "UPSERT":
+        if arrow:
+            from lakehouse import entity_raw_arrow
+
+            delete = entity_raw_arrow.upsert_delete(ident, request.tenant_id, sorted({(g[3], g[0]) for g in groups}))
+        else:
+            delete = _upsert_delete(ident, request, groups)
+    wap = WriteAuditPublish(ctx, prepare_branch=delete, engine=engine)
     props = {CHECKPOINT_PROPERTY: json.dumps([{**f.as_checkpoint(), "key": ck[f.key]} for f in checked],
                                              separators=(",", ":")),
              "lakehouse.run_id": run_id, "lakehouse.tenant_id": request.tenant_id, "lakehouse.mode": request.mode}
     try:
         require_enabled(ctx, "before load")
-        wap.tidy_branches(platform.tables())  # what dead loads left behind
+        wap.tidy_branches(wap.engine.tables(platform))  # what dead loads left behind
         wap.drop_own_branches()  # a retry of this load: start over
         outcome = wap.run([Batch(df, props, label=f"{request.mode.lower()} {len(checked)} file(s)")], since=since)
         result.rows_written, result.snapshot_id, result.checks = outcome.rows_written, outcome.snapshot_id, outcome.checks

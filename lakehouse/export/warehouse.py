@@ -1,7 +1,9 @@
 """Gold export to the warehouse (Redshift in production, PostgreSQL as its stand-in).
 
 After a gold Iceberg table is published, the same snapshot is copied into a staging table in the
-warehouse (typed from the Iceberg/Spark schema, written in parallel by Spark over JDBC), its row
+warehouse (typed from the Iceberg/Spark schema, written in parallel by Spark over JDBC, or, for a
+table within the Arrow engine's threshold, read by PyIceberg and inserted with parameterised
+statements: no JVM, lakehouse.engine.choose_for_export), its row
 count is checked against the snapshot, and then one transaction renames the live table away,
 renames the staging table into place and drops the old one. Readers therefore see the old table
 or the new one, never a half-loaded one: in PostgreSQL and Redshift DDL is transactional and a
@@ -146,22 +148,65 @@ def _names(table: str, run_id: str) -> tuple[str, str]:
 
 def export_frame(spark: SparkSession, df: DataFrame, target: Target, run_id: str,
                  expected_rows: int | None = None) -> ExportResult:
-    """Load `df` into the warehouse table through a staging table and an atomic swap."""
-    from psycopg2 import sql
+    """Load `df` into the warehouse table through a staging table and an atomic swap (Spark over JDBC)."""
     from pyspark.sql import functions as F
 
-    t0 = time.monotonic()
     conn = connection_for(target)
+    engine = engine_of(conn.url)
+    cols = {f.name: column_type(f.dataType, engine) for f in df.schema.fields}
+    for f in df.schema.fields:
+        if _is_nested(f.dataType):
+            df = df.withColumn(f.name, F.to_json(F.col(f"`{f.name}`")))
+
+    def load(pg, stage_ident) -> None:
+        stage_text = stage_ident.as_string(pg)
+        props = conn.properties()
+        props["batchsize"] = "10000"
+        if engine == "postgresql":
+            props["reWriteBatchedInserts"] = "true"
+        df.write.jdbc(conn.url, stage_text, mode="append", properties=props)
+
+    return _export(conn, cols, load, target, run_id, expected_rows)
+
+
+def export_arrow(data, schema, target: Target, run_id: str, expected_rows: int | None = None,
+                 page_rows: int = 1000) -> ExportResult:
+    """Load an Arrow table `data` (Spark schema `schema`, for the column types) into the warehouse
+    table through the same staging table and atomic swap, without a JVM: parameterised INSERTs
+    (psycopg2 `execute_values`, identifiers quoted by `sql.Identifier`, values sent as parameters),
+    nested columns as Spark's to_json text (lakehouse.arrow_json), so both engines export the same rows."""
+    from psycopg2 import sql
+    from psycopg2.extras import execute_values
+
+    from lakehouse.arrow_json import to_json_column
+
+    conn = connection_for(target)
+    engine = engine_of(conn.url)
+    cols = {f.name: column_type(f.dataType, engine) for f in schema.fields}
+    values = [to_json_column(data.column(f.name)).to_pylist() if _is_nested(f.dataType)
+              else data.column(f.name).to_pylist() for f in schema.fields]
+
+    def load(pg, stage_ident) -> None:
+        head = sql.SQL("INSERT INTO {} ({}) VALUES ").format(
+            stage_ident, sql.SQL(", ").join(sql.Identifier(n) for n in cols)).as_string(pg)
+        # a quoted name may hold "%": doubled, so only the VALUES placeholder is one
+        with pg, pg.cursor() as cur:
+            execute_values(cur, head.replace("%", "%%") + "%s", list(zip(*values, strict=True)), page_size=page_rows)
+
+    return _export(conn, cols, load, target, run_id, expected_rows)
+
+
+def _export(conn: JdbcConnection, cols: dict[str, str], load, target: Target, run_id: str,
+            expected_rows: int | None) -> ExportResult:
+    """Staging table typed `cols`, filled by `load(pg, staging identifier)`, row count checked, swapped in."""
+    from psycopg2 import sql
+
+    t0 = time.monotonic()
     engine = engine_of(conn.url)
     schema = target.warehouse_schema or "public"
     table = target.warehouse_table
     stage, old = _names(table, run_id)
     ident = lambda name: sql.Identifier(schema, name)  # noqa: E731
-
-    cols = {f.name: column_type(f.dataType, engine) for f in df.schema.fields}
-    for f in df.schema.fields:
-        if _is_nested(f.dataType):
-            df = df.withColumn(f.name, F.to_json(F.col(f"`{f.name}`")))
     ddl = sql.SQL("CREATE TABLE {} ({})").format(
         ident(stage),
         sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in cols.items()),
@@ -172,13 +217,8 @@ def export_frame(spark: SparkSession, df: DataFrame, target: Target, run_id: str
             cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
             cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(ident(stage)))
             cur.execute(ddl)
-        stage_text = ident(stage).as_string(pg)
-        props = conn.properties()
-        props["batchsize"] = "10000"
-        if engine == "postgresql":
-            props["reWriteBatchedInserts"] = "true"
         try:
-            df.write.jdbc(conn.url, stage_text, mode="append", properties=props)
+            load(pg, ident(stage))
         except Exception as exc:  # noqa: BLE001 - the driver's message may echo connection properties
             raise WarehouseExportError(f"{conn.label}: loading staging table {schema}.{stage} failed: "
                                        f"{conn.scrub(str(exc))[:800]}") from None
@@ -227,20 +267,34 @@ def export_after_publish(runner: StageContext, outcome: StageOutcome) -> ExportR
     if wh.kind != "warehouse":
         raise WarehouseExportError(f"target {runner.target.target_id!r}: export_target_id "
                                    f"{wh.target_id!r} is not a warehouse target")
-    spark = runner.platform.spark()
-    ns, tbl = runner.target.identifier.split(".", 1)
-    reader = spark.read.format("iceberg")
-    if outcome.snapshot_id is not None:
-        reader = reader.option("snapshot-id", str(outcome.snapshot_id))
-    df = reader.load(f"{quote(runner.platform.settings.catalog_name)}.{quote(ns)}.{quote(tbl)}")
-    expected = df.count()
+    from lakehouse import engine as engines
+
+    table = runner.platform.pyiceberg_catalog().load_table(runner.target.identifier)
+    snap = table.snapshot_by_id(outcome.snapshot_id) if outcome.snapshot_id is not None else table.current_snapshot()
+    size = int((snap.summary.additional_properties if snap is not None else {}).get("total-files-size", 0) or 0)
+    choice = engines.choose_for_export(runner.catalog, runner.target, size)
+    chosen = {"export_engine": choice.engine, "export_engine_reason": choice.reason}
     try:
-        result = export_frame(spark, df, wh, runner.run_id, expected_rows=expected)
+        if choice.engine == "arrow":
+            from lakehouse.arrow_engine import iceberg_to_spark
+
+            # pinned to the published snapshot, read by PyIceberg: no JVM
+            data = (table.scan(snapshot_id=snap.snapshot_id).to_arrow() if snap is not None
+                    else table.schema().as_arrow().empty_table())
+            result = export_arrow(data, iceberg_to_spark(table.schema()), wh, runner.run_id, expected_rows=data.num_rows)
+        else:
+            spark = runner.platform.spark()
+            ns, tbl = runner.target.identifier.split(".", 1)
+            reader = spark.read.format("iceberg")
+            if outcome.snapshot_id is not None:
+                reader = reader.option("snapshot-id", str(outcome.snapshot_id))
+            df = reader.load(f"{quote(runner.platform.settings.catalog_name)}.{quote(ns)}.{quote(tbl)}")
+            result = export_frame(spark, df, wh, runner.run_id, expected_rows=df.count())
     except Exception as exc:
         runner.audit("export_failed", outcome="failed", error_class=type(exc).__name__, message=str(exc)[:2000],
-                     details={"export_target": wh.target_id})
+                     details={"export_target": wh.target_id, **chosen})
         raise
-    outcome.extra.update(result.metadata())
+    outcome.extra.update({**result.metadata(), **chosen})
     runner.audit("exported", outcome="success", duration_ms=int(result.duration_s * 1000),
-                 details={**result.metadata(), "snapshot_id": outcome.snapshot_id, "replaced": result.replaced})
+                 details={**result.metadata(), **chosen, "snapshot_id": outcome.snapshot_id, "replaced": result.replaced})
     return result

@@ -36,14 +36,19 @@ def arrow_blockers(stage: Stage | None, target: Target, source: Source | None, r
         out.append(f"write_mode {target.write_mode!r} (Arrow appends only)")
     if target.sort_order:
         out.append("sort_order (PyIceberg does not sort on write)")
-    if target.export_target_id:
-        out.append("export_target_id (the warehouse export reads the table with Spark)")
     if target.time_partition is not None:
         out.append("time_partition (backfills rewrite their periods with Spark)")
     if stage is not None and stage.incremental is not None:
         out.append("incremental (merge / partition replacement run on Spark)")
+    out += rule_blockers(rules)
+    return out
+
+
+def rule_blockers(rules: list[Rule]) -> list[str]:
+    """Why the Arrow engine cannot audit with these rules (an entity_raw load's only blocker: its
+    parquet reads, the raw_record JSON, the size cap and UPSERT's delete all run on Arrow)."""
     bad = sorted({r.type for r in rules if r.enabled and r.type not in ARROW_RULES})
     if bad:
-        out.append(f"rule type(s) {', '.join(bad)} are evaluated by Spark (Arrow evaluates: "
-                   f"{', '.join(sorted(ARROW_RULES))})")
-    return out
+        return [f"rule type(s) {', '.join(bad)} are evaluated by Spark (Arrow evaluates: "
+                f"{', '.join(sorted(ARROW_RULES))})"]
+    return []

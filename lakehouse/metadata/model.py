@@ -767,6 +767,12 @@ class Application(Entity):
     max_record_bytes: int = Field(
         default=1_048_576, ge=1, description="largest raw_record (UTF-8 bytes of its JSON) loaded; a bigger "
         "record is quarantined whole with its key in entity_raw.<app>__quarantine, never loaded truncated")
+    engine: Literal["spark", "arrow", "auto"] | None = Field(
+        default=None, description="what writes entity_raw.<app>: spark, arrow (PyIceberg + Arrow, no JVM) or auto "
+        "(arrow up to arrow_max_bytes of input files); default: the platform setting engine.default, else spark")
+    arrow_max_bytes: int | None = Field(
+        default=None, ge=0, description="auto: the largest load (bytes of input files) written by Arrow; default: "
+        "the platform setting engine.arrow_max_bytes")
 
     _v_id = field_validator("application_id")(lambda cls, v: check_ident(v.lower(), "application_id"))
 
