@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lakehouse.metadata.engine_support import ARROW_SOURCES, arrow_blockers, rule_blockers
+from lakehouse.metadata.engine_support import ARROW_SOURCES, arrow_blockers, entity_raw_blockers
 from lakehouse.metadata.model import ENGINES, Target
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def choose_for_application(catalog: MetadataCatalog, app: Application, rules: li
                                                                                             "built-in default")
     if asked == "spark":
         return EngineChoice("spark", asked, f"{origin} is spark")
-    blockers = rule_blockers(rules)
+    blockers = entity_raw_blockers(app, rules)
     if blockers:
         if asked == "arrow" and origin.startswith("application"):
             raise ValueError(f"application {app.application_id} asks for engine arrow, which cannot load "

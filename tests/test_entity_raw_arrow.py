@@ -144,6 +144,9 @@ def test_engine_choice_for_applications(lake, tmp_path):
     assert fallback.engine == "spark" and "rule type(s) expression are evaluated by Spark" in fallback.reason
     with pytest.raises(ValueError, match="application app asks for engine arrow.*rule type"):
         engines.choose_for_application(cat, app.model_copy(update={"engine": "arrow"}), sql_rule, 10)
+    daily = engines.choose_for_application(cat, app.model_copy(update={"partition_by_day": True}), rules, 10)
+    assert daily.engine == "spark" and "partition_by_day (PyIceberg writes a truncate partition only with " \
+        "pyiceberg-core" in daily.reason
     plain = Application(application_id="plain")
     assert engines.choose_for_application(cat, plain, [], 10).reason == "built-in default is spark"
 

@@ -7,7 +7,7 @@ stage the engine cannot do is refused when the metadata is applied, naming the f
 
 from __future__ import annotations
 
-from lakehouse.metadata.model import Rule, Source, Stage, Target
+from lakehouse.metadata.model import Application, Rule, Source, Stage, Target
 
 #: rule types the Arrow engine evaluates (pyarrow.compute); any other keeps a stage on Spark
 ARROW_RULES = frozenset({"row_count", "row_count_change", "not_null", "unique", "accepted_values", "range", "regex"})
@@ -52,3 +52,19 @@ def rule_blockers(rules: list[Rule]) -> list[str]:
         return [f"rule type(s) {', '.join(bad)} are evaluated by Spark (Arrow evaluates: "
                 f"{', '.join(sorted(ARROW_RULES))})"]
     return []
+
+
+def entity_raw_blockers(app: Application, rules: list[Rule]) -> list[str]:
+    """Why the Arrow engine cannot load entity_raw.<app> (empty: it can): its parquet reads, the
+    raw_record JSON, the size cap and UPSERT's delete all run on Arrow; the rules may not, and
+    PyIceberg writes the day partition (truncate transform) only with the pyiceberg-core extension."""
+    out = []
+    if app.partition_by_day and not _has_pyiceberg_core():
+        out.append("partition_by_day (PyIceberg writes a truncate partition only with pyiceberg-core, not installed)")
+    return out + rule_blockers(rules)
+
+
+def _has_pyiceberg_core() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("pyiceberg_core") is not None
