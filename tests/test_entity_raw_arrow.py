@@ -151,6 +151,20 @@ def test_engine_choice_for_applications(lake, tmp_path):
     assert engines.choose_for_application(cat, plain, [], 10).reason == "built-in default is spark"
 
 
+def test_engine_arrow_on_an_application_it_cannot_load_is_refused_on_validation(lake, tmp_path):
+    from lakehouse.metadata.loader import MetadataError
+
+    path = tmp_path / "apps.yaml"
+    path.write_text(META.replace("ENGINE", "arrow").replace("MIN_ROWS", "1").replace(
+        "- {name: named, type: not_null, columns: [entity_name], severity: warn}",
+        "- {name: custom, type: expression, expression: \"length(raw_record) > 2\"}"))
+    with pytest.raises(MetadataError, match=r"apps.yaml: applications\[0\].engine: application 'app' asks for engine "
+                                            r"arrow, which cannot load its entity_raw table: rule type\(s\) expression"):
+        load_metadata(path)
+    path.write_text(path.read_text().replace("engine: arrow", "engine: auto"))
+    assert load_metadata(path).catalog.application("app").engine == "auto"
+
+
 def test_java_number_spelling():
     assert [java_double(x) for x in (1.5, 1e20, 1e-4, 1e7, 123456.789, 0.001, 9999999.0, -2.5e-300, 100.0)] == \
         ["1.5", "1.0E20", "1.0E-4", "1.0E7", "123456.789", "0.001", "9999999.0", "-2.5E-300", "100.0"]

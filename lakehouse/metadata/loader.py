@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from lakehouse.metadata.engine_support import entity_raw_blockers
 from lakehouse.metadata.model import SECTIONS, Entity, MetadataCatalog, Stage
 
 
@@ -347,6 +348,13 @@ def check_references(loaded: LoadedMetadata, live=None, baseline=None) -> None:
         if a.source_id is not None:
             need("source", a.source_id, "applications", a.key(), "source_id")
         need("rule_set", a.validation_set_id, "applications", a.key(), "validation_set_id")
+        if a.engine == "arrow":  # refused here, not at the first load (lakehouse.engine.choose_for_application)
+            sets = {rs.rule_set_id: rs.rules for rs in c.validation_rules}
+            blockers = entity_raw_blockers(a, sets.get(a.validation_set_id or "", []))
+            if blockers:
+                problems.append(f"{_where(loaded, 'applications', a.key())}.engine: application {a.application_id!r} "
+                                f"asks for engine arrow, which cannot load its entity_raw table: {'; '.join(blockers)}. "
+                                "Fix: engine: auto (Arrow where it can, Spark elsewhere) or spark")
     for e in c.dataset_lineage:  # every route must join datasets the platform knows (issue 8)
         for fld in ("from_dataset_id", "to_dataset_id"):
             if getattr(e, fld) not in datasets:
