@@ -129,6 +129,27 @@ def test_arrow_entity_raw_failed_audit_keeps_branch_and_never_touches_main(lake,
     assert len(rows_of(lake, "entity_raw.app", err.value.branch)) == 3
 
 
+def test_arrow_entity_raw_switched_off_during_the_load_publishes_nothing(lake, tmp_path, monkeypatch):
+    """The kill switch read again before the publish: the target flipped off while the rows were on
+    the branch drops the branch (PyIceberg: no JVM) and reports the load skipped."""
+    from lakehouse.arrow_engine import ArrowAuditedWrite
+
+    apply(lake, tmp_path)
+    k1 = land(lake, "wf1/r1/raw/table/chunk-0.parquet", raw_rows("r1", 2))
+    audit = ArrowAuditedWrite.audit
+
+    def audit_then_switch_off(self):
+        out = audit(self)
+        lake.store.set_enabled("target", "entity_raw.app", False)
+        return out
+    monkeypatch.setattr(ArrowAuditedWrite, "audit", audit_then_switch_off)
+    res = entity_raw.load(lake, {"application": "app", "tenant_id": "acme", "file_keys": [k1]}, run_id="off")
+    assert res.engine == "arrow" and res.skipped_reason and "entity_raw.app" in res.skipped_reason
+    assert res.files_loaded == 0
+    assert rows_of(lake, "entity_raw.app") == []
+    assert set(pyiceberg(lake).load_table("entity_raw.app").metadata.refs) == {"main"}
+
+
 def test_engine_choice_for_applications(lake, tmp_path):
     apply(lake, tmp_path, engine="auto")
     cat = lake.store.load()
