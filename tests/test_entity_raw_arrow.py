@@ -260,3 +260,18 @@ def test_arrow_stage_exports_to_the_warehouse_without_a_jvm(lake, tmp_path, post
     assert types["id"] == "bigint" and types["tags"] == "text" and types["_ingested_at"] == "timestamp with time zone"
     logged = lake.store.audit_entries(run_id="exp1", event="exported")
     assert logged[0].details["export_engine"] == "arrow" and logged[0].details["export_rows"] == 7
+
+    # streamed in batches (3 rows here) into the same staging-and-swap path: the same rows
+    from lakehouse.arrow_engine import iceberg_to_spark
+    from lakehouse.export import warehouse
+
+    gold_table = pyiceberg(lake).load_table("gold.sales")
+    wh = lake.catalog().target("wh_sales")
+    schema = iceberg_to_spark(gold_table.schema())
+    again = warehouse.export_arrow(gold_table.scan().to_arrow_batch_reader(), schema, wh, "exp2", batch_rows=3)
+    assert again.rows == 7 and again.replaced
+    assert wh_rows(postgres_server, dbname, "Report%ing", "sales by region") == (rows, types)
+    # a count that does not match the snapshot's: the live table stays as it was, no staging table left
+    with pytest.raises(warehouse.WarehouseExportError, match="staging table has 7 rows but the Iceberg snapshot has 8"):
+        warehouse.export_arrow(gold_table.scan().to_arrow(), schema, wh, "exp3", expected_rows=8)
+    assert wh_rows(postgres_server, dbname, "Report%ing", "sales by region") == (rows, types)

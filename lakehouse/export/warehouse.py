@@ -170,11 +170,14 @@ def export_frame(spark: SparkSession, df: DataFrame, target: Target, run_id: str
 
 
 def export_arrow(data, schema, target: Target, run_id: str, expected_rows: int | None = None,
-                 page_rows: int = 1000) -> ExportResult:
-    """Load an Arrow table `data` (Spark schema `schema`, for the column types) into the warehouse
-    table through the same staging table and atomic swap, without a JVM: parameterised INSERTs
-    (psycopg2 `execute_values`, identifiers quoted by `sql.Identifier`, values sent as parameters),
-    nested columns as Spark's to_json text (lakehouse.arrow_json), so both engines export the same rows."""
+                 page_rows: int = 1000, batch_rows: int = 20_000) -> ExportResult:
+    """Load Arrow data (a table or a RecordBatchReader, Spark schema `schema` for the column types)
+    into the warehouse table through the same staging table and atomic swap, without a JVM:
+    parameterised INSERTs (psycopg2 `execute_values`, identifiers quoted by `sql.Identifier`, values
+    sent as parameters), nested columns as Spark's to_json text (lakehouse.arrow_json), so both
+    engines export the same rows. Streamed in batches of `batch_rows`: only one batch is ever held
+    as Python values. Without `expected_rows`, the rows read are what the staging table must hold."""
+    import pyarrow as pa
     from psycopg2 import sql
     from psycopg2.extras import execute_values
 
@@ -183,15 +186,22 @@ def export_arrow(data, schema, target: Target, run_id: str, expected_rows: int |
     conn = connection_for(target)
     engine = engine_of(conn.url)
     cols = {f.name: column_type(f.dataType, engine) for f in schema.fields}
-    values = [to_json_column(data.column(f.name)).to_pylist() if _is_nested(f.dataType)
-              else data.column(f.name).to_pylist() for f in schema.fields]
+    nested = {f.name for f in schema.fields if _is_nested(f.dataType)}
 
-    def load(pg, stage_ident) -> None:
+    def load(pg, stage_ident) -> int:
         head = sql.SQL("INSERT INTO {} ({}) VALUES ").format(
             stage_ident, sql.SQL(", ").join(sql.Identifier(n) for n in cols)).as_string(pg)
         # a quoted name may hold "%": doubled, so only the VALUES placeholder is one
+        query = head.replace("%", "%%") + "%s"
+        batches = data.to_batches(max_chunksize=batch_rows) if isinstance(data, pa.Table) else data
+        sent = 0
         with pg, pg.cursor() as cur:
-            execute_values(cur, head.replace("%", "%%") + "%s", list(zip(*values, strict=True)), page_size=page_rows)
+            for batch in batches:
+                values = [to_json_column(batch.column(n)).to_pylist() if n in nested else batch.column(n).to_pylist()
+                          for n in cols]
+                execute_values(cur, query, list(zip(*values, strict=True)), page_size=page_rows)
+                sent += batch.num_rows
+        return sent
 
     return _export(conn, cols, load, target, run_id, expected_rows)
 
@@ -218,13 +228,15 @@ def _export(conn: JdbcConnection, cols: dict[str, str], load, target: Target, ru
             cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(ident(stage)))
             cur.execute(ddl)
         try:
-            load(pg, ident(stage))
+            sent = load(pg, ident(stage))
         except Exception as exc:  # noqa: BLE001 - the driver's message may echo connection properties
             raise WarehouseExportError(f"{conn.label}: loading staging table {schema}.{stage} failed: "
                                        f"{conn.scrub(str(exc))[:800]}") from None
         with pg, pg.cursor() as cur:
             cur.execute(sql.SQL("SELECT count(*) FROM {}").format(ident(stage)))
             rows = int(cur.fetchone()[0])
+            if expected_rows is None:
+                expected_rows = sent  # None when the loader cannot tell (Spark's JDBC write)
             if expected_rows is not None and rows != expected_rows:
                 raise WarehouseExportError(
                     f"{conn.label}: staging table has {rows} rows but the Iceberg snapshot has {expected_rows}; "
@@ -278,10 +290,13 @@ def export_after_publish(runner: StageContext, outcome: StageOutcome) -> ExportR
         if choice.engine == "arrow":
             from lakehouse.arrow_engine import iceberg_to_spark
 
-            # pinned to the published snapshot, read by PyIceberg: no JVM
-            data = (table.scan(snapshot_id=snap.snapshot_id).to_arrow() if snap is not None
+            # pinned to the published snapshot, read by PyIceberg in batches: no JVM
+            data = (table.scan(snapshot_id=snap.snapshot_id).to_arrow_batch_reader() if snap is not None
                     else table.schema().as_arrow().empty_table())
-            result = export_arrow(data, iceberg_to_spark(table.schema()), wh, runner.run_id, expected_rows=data.num_rows)
+            summary = snap.summary.additional_properties if snap is not None else {}
+            no_deletes = all(summary.get(k, "0") == "0" for k in ("total-position-deletes", "total-equality-deletes"))
+            expected = int(summary["total-records"]) if no_deletes and "total-records" in summary else None
+            result = export_arrow(data, iceberg_to_spark(table.schema()), wh, runner.run_id, expected_rows=expected)
         else:
             spark = runner.platform.spark()
             ns, tbl = runner.target.identifier.split(".", 1)
