@@ -37,11 +37,17 @@ def read_raw(files: list[FileRef]) -> list[pa.Table]:
 
     out = []
     for f in files:
-        t = pq.read_table(f.local_path or f.key)
+        path = f.local_path or f.key
+        t = pq.read_table(path, coerce_int96_timestamp_unit="us")
+        # legacy INT96 timestamps are instants to Spark (TimestampType, UTC), zone-less to pyarrow
+        int96 = {c.path for c in pq.ParquetFile(path).schema if c.physical_type == "INT96"}
+        for i, name in enumerate(t.column_names):
+            if name in int96 and pa.types.is_timestamp(t.schema.field(i).type):
+                t = t.set_column(i, name, t.column(i).cast(pa.timestamp("us", tz="UTC")))
         clash = [c for c in PROVENANCE if c in t.column_names]
         if clash:
             raise ValueError(f"raw files have column(s) {clash}, names the entity_raw loader reserves")
-        t = t.append_column(FILE_COLUMN, pa.repeat(pa.scalar(f.local_path or f.key, pa.string()), t.num_rows))
+        t = t.append_column(FILE_COLUMN, pa.repeat(pa.scalar(path, pa.string()), t.num_rows))
         out.append(t.append_column(ROW_COLUMN, pa.array(range(t.num_rows), pa.int64())))
     return out
 

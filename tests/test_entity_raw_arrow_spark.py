@@ -37,9 +37,9 @@ sources:
     options: {tenant_id: acme, connection_qualified_name: "default/postgres/1"}
 applications:
   - {application_id: by_spark, source_id: app_extract, engine: spark, max_record_bytes: 700,
-     entity_name_fields: {table: table_name, column: pos}}
+     entity_name_fields: {table: table_name, column: pos, view: view_name}}
   - {application_id: by_arrow, source_id: app_extract, engine: arrow, max_record_bytes: 700,
-     entity_name_fields: {table: table_name, column: pos}}
+     entity_name_fields: {table: table_name, column: pos, view: view_name}}
   - {application_id: turns, source_id: app_extract, engine: ENGINE}
 """
 
@@ -92,20 +92,27 @@ def test_both_engines_load_the_same_entity_raw_table(platform, tmp_path):
     keys = [land(platform, "wf1/r1/raw/table/chunk-0.parquet", typed_rows()),
             land(platform, "wf1/r1/raw/column/chunk-0.parquet",
                  pa.table({"column_name": ["id", "name"], "pos": pa.array([1, 2], pa.int16())}))]
+    legacy = platform.settings.landing_dir / "extractions" / "app" / "wf1/r1/raw/view/chunk-0.parquet"
+    legacy.parent.mkdir(parents=True)  # legacy INT96 timestamps: instants to Spark
+    pq.write_table(pa.table({"view_name": ["v"], "at": pa.array([dt.datetime(2026, 1, 2, 3, 4, 5, 6000)],
+                                                                pa.timestamp("us"))}),
+                   legacy, use_deprecated_int96_timestamps=True)
+    keys.append("wf1/r1/raw/view/chunk-0.parquet")
     results = {}
     for app in ("by_spark", "by_arrow"):
         results[app] = entity_raw.load(platform, {"application": app, "tenant_id": "acme", "file_keys": keys,
                                                   "extracted_at": 1_700_000_000_123}, run_id=f"run_{app}")
     assert results["by_spark"].engine == "spark" and results["by_arrow"].engine == "arrow"
     assert results["by_arrow"].records_quarantined == results["by_spark"].records_quarantined == 1
-    assert results["by_arrow"].rows_written == results["by_spark"].rows_written == 4
+    assert results["by_arrow"].rows_written == results["by_spark"].rows_written == 5
     cat = pyiceberg(platform)
     by_spark, by_arrow = view(cat, "entity_raw.by_spark"), view(cat, "entity_raw.by_arrow")
     assert by_arrow == by_spark
-    assert [r["entity_name"] for r in by_arrow["rows"]] == ["1", "2", "o'quote\"d", "orders"]  # CAST(pos AS string) too
+    assert [r["entity_name"] for r in by_arrow["rows"]] == ["1", "2", "o'quote\"d", "orders", "v"]  # CAST(pos AS string) too
+    assert by_arrow["rows"][-1]["raw_record"] == '{"view_name":"v","at":"2026-01-02T03:04:05.006Z"}'
     seen = [duckdb_read(cat.load_table(f"entity_raw.{a}").metadata_location.removeprefix("file://"),
                         "SELECT * FROM {table} ORDER BY typename, raw_record") for a in ("by_spark", "by_arrow")]
-    assert seen[0] == seen[1] and len(seen[0]) == 4
+    assert seen[0] == seen[1] and len(seen[0]) == 5
 
     def quarantine(app):
         rows = rows_of(platform, f"entity_raw.{app}__quarantine")
