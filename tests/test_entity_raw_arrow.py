@@ -150,6 +150,20 @@ def test_arrow_entity_raw_switched_off_during_the_load_publishes_nothing(lake, t
     assert set(pyiceberg(lake).load_table("entity_raw.app").metadata.refs) == {"main"}
 
 
+def test_platform_default_auto_loads_a_small_extraction_on_arrow(lake, tmp_path):
+    path = tmp_path / "apps.yaml"
+    path.write_text(META.replace("ENGINE", "null").replace("MIN_ROWS", "1") + """
+platform_settings:
+  - {setting_key: engine.default, setting_value: auto}
+""")
+    lake.store.apply(load_metadata(path))
+    k1 = land(lake, "wf1/r1/raw/table/chunk-0.parquet", raw_rows("r1", 3))
+    size = (lake.settings.landing_dir / "extractions" / "app" / k1).stat().st_size
+    res = entity_raw.load(lake, {"application": "app", "tenant_id": "acme", "file_keys": [k1]}, run_id="auto1")
+    assert res.engine == "arrow" and res.rows_written == 3
+    assert res.engine_reason == f"auto: {size} bytes of files <= 150000000 (platform default)"
+
+
 def test_engine_choice_for_applications(lake, tmp_path):
     apply(lake, tmp_path, engine="auto")
     cat = lake.store.load()
