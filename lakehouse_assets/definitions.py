@@ -164,6 +164,7 @@ class LakehouseRepositoryData(dg.RepositoryData):
         self._snapshot_lock = threading.RLock()  # ids and repository snaps: built once, by the first asker
         self._snapshot_ids_ready = False
         self._snaps: dict[bool, object] = {}
+        self._serialized: dict[tuple, str] = {}
 
     def _get_platform(self) -> Platform:
         return self._platform or LakehouseResource.from_settings().platform()
@@ -265,6 +266,21 @@ class LakehouseRepositoryData(dg.RepositoryData):
                 gc.freeze()
             return snap
 
+    def serialized(self, key: tuple, build) -> str:
+        """What the code server sends for `key` (the repository's snapshot, a job's snapshot), serialized
+        once per process and reused for every later request.
+
+        The three clients of a reload each receive the repository's snapshot (15 MB at 1,000
+        pipelines) and the implicit asset job's (13.6 MB); serializing them is about 1.2 s of CPU per
+        client, on the code server's one GIL. `_share_serialized_replies` routes the server's requests
+        here; an error is never stored (the next request tries again)."""
+        with self._snapshot_lock:
+            text = self._serialized.get(key)
+            if text is None:
+                with _no_cyclic_gc():
+                    text = self._serialized[key] = build()
+            return text
+
     def get_job_names(self):
         return self._data().get_job_names()
 
@@ -353,7 +369,69 @@ def _share_repository_snaps() -> None:
     RepositorySnap.from_def = classmethod(from_def)
 
 
+def _share_serialized_replies() -> None:
+    """The code server's answers to `ExternalRepository` / `StreamingExternalRepository` (through
+    `_get_serialized_external_repository_data`) and `ExternalJob` for a lakehouse repository are
+    serialized once per process (`LakehouseRepositoryData.serialized`); the text is exactly what
+    Dagster's own methods return (tests/test_derived_metadata.py compares them). Anything else — another
+    repository, an origin that does not resolve, a failing build — goes to Dagster's method, which
+    reports the error as it always does. Installed with the code location in a process that runs a
+    code server (it has imported Dagster's server before loading us); a run worker or the CLI does
+    not import the gRPC server for it."""
+    from dagster._core.remote_origin import RemoteRepositoryOrigin
+    from dagster._core.remote_representation.external_data import JobDataSnap, RepositorySnap
+    from dagster._grpc.__generated__ import dagster_api_pb2
+    from dagster._grpc.server import DagsterApiServer
+    from dagster._serdes import deserialize_value, serialize_value
+
+    original_repo = DagsterApiServer._get_serialized_external_repository_data
+    original_job = DagsterApiServer.ExternalJob
+    if getattr(original_repo, "_lakehouse_shared", False):
+        return
+
+    def ours(server, serialized_origin: str):
+        """The repository definition and its data when it is a lakehouse repository, else None."""
+        try:
+            repo = server._get_repo_for_origin(deserialize_value(serialized_origin, RemoteRepositoryOrigin))  # noqa: SLF001
+        except Exception:  # noqa: BLE001 - Dagster's own method reports it
+            return None
+        data = getattr(repo, "_repository_data", None)
+        return (repo, data) if isinstance(data, LakehouseRepositoryData) else None
+
+    def repository_data(self, request):
+        found = ours(self, request.serialized_repository_python_origin)
+        if found is None:
+            return original_repo(self, request)
+        repo, data = found
+        try:
+            return data.serialized(("repository", bool(request.defer_snapshots)), lambda: serialize_value(
+                RepositorySnap.from_def(repo, defer_snapshots=request.defer_snapshots)))
+        except Exception:  # noqa: BLE001 - Dagster's own method serializes the error for the client
+            return original_repo(self, request)
+
+    def external_job(self, request, context):
+        found = ours(self, request.serialized_repository_origin)
+        if found is None:
+            return original_job(self, request, context)
+        repo, data = found
+        try:
+            text = data.serialized(("job", request.job_name), lambda: serialize_value(
+                JobDataSnap.from_job_def(repo.get_job(request.job_name), include_parent_snapshot=True)))
+        except Exception:  # noqa: BLE001
+            return original_job(self, request, context)
+        return dagster_api_pb2.ExternalJobReply(serialized_job_data=text)
+
+    for new, old in ((repository_data, original_repo), (external_job, original_job)):
+        new._lakehouse_shared = True
+        new.__wrapped__ = old
+        new.__doc__ = old.__doc__
+    DagsterApiServer._get_serialized_external_repository_data = repository_data
+    DagsterApiServer.ExternalJob = external_job
+
+
 _share_repository_snaps()
+if "dagster._grpc.server" in sys.modules:
+    _share_serialized_replies()
 
 
 def lakehouse_repository(platform: Platform | None = None) -> dg.RepositoryDefinition:

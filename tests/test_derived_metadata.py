@@ -459,3 +459,61 @@ def test_concurrent_repository_snapshots_compute_each_job_snapshot_once(home, mo
         t.join()
     assert len(snaps) == 3 and len({tuple(j.snapshot_id for j in s.job_refs) for s in snaps}) == 1
     assert set(computed) == set(repo.job_names) and set(computed.values()) == {1}, computed
+
+
+def test_code_server_serializes_each_reply_once_as_dagster_would(home, tmp_path):
+    """After a reload three clients ask the new code server for the repository's snapshot and every
+    job's; each reply is serialized once per process (`_share_serialized_replies`) and is the very
+    text Dagster's own server methods produce. A real `DagsterApiServer` loads the code location."""
+    import logging
+    import threading
+
+    from dagster._core.remote_origin import InProcessCodeLocationOrigin, RemoteRepositoryOrigin
+    from dagster._core.remote_representation.external_data import RepositoryErrorSnap, RepositorySnap
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+    from dagster._core.utils import FuturesAwareThreadPoolExecutor
+    from dagster._grpc.__generated__ import dagster_api_pb2
+    from dagster._grpc.server import DagsterApiServer
+    from dagster._serdes import deserialize_value, serialize_value
+
+    from lakehouse_assets import definitions
+
+    definitions._share_serialized_replies()  # what importing the code location does in a code server (idempotent)
+    store_of(home).apply(load_metadata(copies(home / "meta", 3)))
+    target = tmp_path / "location.py"  # a repository of its own, not the module-level `defs` of another test
+    target.write_text("from lakehouse_assets.definitions import lakehouse_repository\ndefs = lakehouse_repository()\n")
+    loadable = LoadableTargetOrigin(python_file=str(target), attribute="defs")
+    server = DagsterApiServer(threading.Event(), logging.getLogger("test"), FuturesAwareThreadPoolExecutor(max_workers=2),
+                              loadable_target_origin=loadable)
+    try:
+        location = InProcessCodeLocationOrigin(loadable, location_name="lakehouse")
+        origin = serialize_value(RemoteRepositoryOrigin(location, definitions.REPOSITORY_NAME))
+        request = dagster_api_pb2.ExternalRepositoryRequest(serialized_repository_python_origin=origin,
+                                                            defer_snapshots=True)
+        texts: list[str] = []
+        askers = [threading.Thread(target=lambda: texts.append(server._get_serialized_external_repository_data(request)))
+                  for _ in range(3)]
+        for t in askers:
+            t.start()
+        for t in askers:
+            t.join()
+        assert len(texts) == 3 and texts[0] is texts[1] is texts[2]  # one serialization for the three askers
+        repo = server._get_repo_for_origin(RemoteRepositoryOrigin(location, definitions.REPOSITORY_NAME))
+        dagster_own = serialize_value(RepositorySnap.from_def.__wrapped__(RepositorySnap, repo, True))
+        assert texts[0] == dagster_own
+        snap = deserialize_value(texts[0], RepositorySnap)
+        assert len(snap.asset_nodes) >= 9 and {j.name for j in snap.job_refs} == set(repo.job_names)
+        for name in repo.job_names:
+            job_request = dagster_api_pb2.ExternalJobRequest(serialized_repository_origin=origin, job_name=name)
+            ours = server.ExternalJob(job_request, None).serialized_job_data
+            assert ours == DagsterApiServer.ExternalJob.__wrapped__(server, job_request, None).serialized_job_data
+            assert server.ExternalJob(job_request, None).serialized_job_data == ours and ours
+        # what is not ours goes to Dagster's methods, with their errors
+        unknown = dagster_api_pb2.ExternalRepositoryRequest(serialized_repository_python_origin=serialize_value(
+            RemoteRepositoryOrigin(location, "nope")), defer_snapshots=True)
+        error = deserialize_value(server._get_serialized_external_repository_data(unknown), RepositoryErrorSnap)
+        assert "nope" in error.error.message
+        missing_job = dagster_api_pb2.ExternalJobRequest(serialized_repository_origin=origin, job_name="no_such_job")
+        assert not server.ExternalJob(missing_job, None).serialized_job_data
+    finally:
+        server.cleanup()
