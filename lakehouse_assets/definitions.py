@@ -91,7 +91,8 @@ def _trace(pipelines: Iterable[str] | None, defs: dg.Definitions, seconds: float
     line = {"pid": os.getpid(), "pipelines": sorted(pipelines) if pipelines is not None else None,
             "stage_assets": sum(1 for a in defs.assets or [] if isinstance(a, dg.AssetsDefinition)
                                 and any("lakehouse/pipeline" in (spec.tags or {}) for spec in a.specs)),
-            "jobs": sorted(j.name for j in defs.jobs or []), "seconds": round(seconds, 3)}
+            "jobs": sorted(j.name for j in defs.jobs or []), "seconds": round(seconds, 3),
+            "ended": round(time.time(), 3)}  # wall clock: where a build falls in a reload's timeline
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(line) + "\n")
 
