@@ -47,6 +47,14 @@ def dagster_home(settings: Settings) -> Path:
 def ensure_home(settings: Settings) -> Path:
     """DAGSTER_HOME for this process: the configured one, or the default under LAKEHOUSE_HOME
     (created with the template's dagster.yaml if missing). Sets DAGSTER_HOME in this process."""
+    home, instance = ensure_instance(settings)
+    instance.dispose()
+    return home
+
+
+def ensure_instance(settings: Settings) -> tuple[Path, dg.DagsterInstance]:
+    """`ensure_home`, and the instance it opened to create the storage: a run keeps it (opening
+    the instance again costs what the first open did, minus creating the databases)."""
     from lakehouse.throughput.dagster_storage import file_lock
 
     home = dagster_home(settings)
@@ -60,8 +68,8 @@ def ensure_home(settings: Settings) -> Path:
         os.environ["DAGSTER_HOME"] = str(home)
         import dagster as dg
 
-        dg.DagsterInstance.get().dispose()  # first use creates the storage: inside the lock
-    return home
+        instance = dg.DagsterInstance.get()  # first use creates the storage: inside the lock
+    return home, instance
 
 
 @dataclass
@@ -80,8 +88,7 @@ def headless_instance(settings: Settings, catalog: MetadataCatalog, *, ephemeral
         inst = dg.DagsterInstance.ephemeral()
         return HeadlessInstance(inst, False, None, unenforced(catalog, inst, "the run uses an ephemeral Dagster "
                                                               "instance (--ephemeral), which ignores pools"))
-    home = ensure_home(settings)
-    inst = dg.DagsterInstance.get()
+    home, inst = ensure_instance(settings)
     if inst.event_log_storage.supports_global_concurrency_limits:
         sync_instance(inst, catalog)  # metadata is the truth, even if changed by plain SQL since
         free_stale_slots(inst)
@@ -141,10 +148,7 @@ def sync_pools(platform: Platform, instance: dg.DagsterInstance | None = None) -
         return None
     try:
         if instance is None:
-            ensure_home(platform.settings)
-            import dagster as dg
-
-            instance = dg.DagsterInstance.get()
+            _home, instance = ensure_instance(platform.settings)
         result = sync_instance(instance, catalog)
     except Exception as exc:  # the metadata is applied; the sensor retries the sync on its next tick
         print(f"warning: dagster pools not synced ({type(exc).__name__}: {exc}); "
