@@ -75,8 +75,6 @@ def check_stages(catalog: MetadataCatalog, locate: Locate, sql_file: SqlFile, *,
                  upstreams: Mapping[str, list[str]] | None = None) -> list[Problem]:
     """Every static problem of the stages (all, or those in `only` as (pipeline_id, stage_name));
     `upstreams` as for `derive_columns` (the stored tables other stages read: their SQL is not parsed)."""
-    from lakehouse.sqlparse import SqlParseError, shared_query
-
     needed = None
     if only is not None:  # the stages asked for, and the datasets their referential rules look up
         needed = {s.target_id for s in catalog.stages if (s.pipeline_id, s.stage_name) in only}
@@ -98,6 +96,8 @@ def check_stages(catalog: MetadataCatalog, locate: Locate, sql_file: SqlFile, *,
             _out.append(Problem(w, msg, _sid))
 
         if stage.transformation:
+            from lakehouse.sqlparse import SqlParseError, shared_query  # sqlglot: only for stages with SQL
+
             try:
                 shared_query(stage.transformation)
             except SqlParseError as exc:

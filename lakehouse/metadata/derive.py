@@ -93,11 +93,11 @@ def _iceberg_target(catalog: MetadataCatalog, target_id: str | None):
 
 def stage_upstreams(catalog: MetadataCatalog, stage: Stage) -> list[str]:
     """Identifiers (db.table, lower case) of the tables a stage reads; [] when it reads a source."""
-    from lakehouse.sqlparse import SqlParseError, shared_query, tables_in_tree
-
     if stage.python_transformation is not None:
         return [i.lower() for i in stage.python_transformation.inputs]
     if stage.transformation:
+        from lakehouse.sqlparse import SqlParseError, shared_query, tables_in_tree  # sqlglot: SQL stages only
+
         try:
             return tables_in_tree(shared_query(stage.transformation))
         except SqlParseError:
