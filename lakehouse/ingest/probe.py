@@ -5,7 +5,9 @@ its source's limits, and what are its own columns and types.
   (`lakehouse.ingest.prepare`), once per distinct footer schema.
 * JSON lines: every line is parsed (streaming, one line in memory at a time) and the file's schema
   is inferred with Spark's JSON rules (an int and a double make a double, anything else mixed makes
-  a string, struct fields are merged by name) — so Spark never infers a schema from the data.
+  a string, struct fields are merged by name) — so Spark never infers a schema from the data. A
+  file up to `ARROW_PROBE_MAX_BYTES` is first given to pyarrow's reader, whose answer is kept only
+  when the Python probe's could not differ (`_probe_jsonl_arrow`); otherwise the Python probe decides.
 * CSV: decoded as UTF-8 (a BOM is fine), one field count throughout, the header's names; every
   column is a string unless the table or the declared columns give it a type, in which case each
   value is checked against that type here.
@@ -377,8 +379,9 @@ def _probe_jsonl(fh, limits, expect: dict[str, Any]) -> FileProbe:
     return FileProbe(schema=StructType(fields), rows=rows, read_key="jsonl")
 
 
-#: files up to this size may be probed by pyarrow's JSON reader first (the whole file in memory)
-ARROW_PROBE_MAX_BYTES = 64 << 20
+#: files up to this size may be probed by pyarrow's JSON reader first: the whole file, its lines and
+#: the parsed table are in memory at once (a few times the file's size); larger files stream
+ARROW_PROBE_MAX_BYTES = 32 << 20
 #: every digit -> "0", anything else -> " ": a run of 19 zeros may be an integer past int64 (pyarrow
 #: reads it as a double, Spark's inference as decimal(38,0)); a bytes search, not a regex, over the file
 _DIGITS = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))
