@@ -1,8 +1,11 @@
 """The entity_raw load service (seed 000) over HTTP, against the real server process: `lakehouse
 serve` (uvicorn) on a free port, a persistent Dagster instance with the queued run coordinator and
 `dagster-daemon run` dequeuing the load runs (two at a time), the Iceberg catalog on PostgreSQL as in
-production. Results are read back with PyIceberg, an independent reader (the loads write through
-Spark)."""
+production. Results are read back with PyIceberg, an independent reader. The `redshift` application's
+loads write through Spark (a run worker with its own JVM per load); the 20 concurrent loads go to
+`salesforce`, whose `engine: arrow` writes with PyIceberg (seed 000's common case, a few records per
+workflow run; no JVM, so 20 run workers fit the 2 cores), through the same write-audit-publish
+service and its exactly-once publish."""
 
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ sources:
 applications:
   - {application_id: redshift, source_id: redshift_extract}
   - {application_id: snowflake, source_id: redshift_extract}
+  - {application_id: salesforce, source_id: redshift_extract, engine: arrow}
   - {application_id: retired, enabled: false}
 """
 
@@ -167,8 +171,8 @@ def test_auth_validation_and_health(service):
 
     r = service.post({**ok, "application": "mysql"})
     assert r.status_code == 400
-    assert r.json()["detail"]["valid_applications"] == ["redshift", "snowflake"]  # not the disabled one
-    assert "valid applications: redshift, snowflake" in r.json()["detail"]["error"]
+    assert r.json()["detail"]["valid_applications"] == ["redshift", "salesforce", "snowflake"]  # not the disabled one
+    assert "valid applications: redshift, salesforce, snowflake" in r.json()["detail"]["error"]
     assert service.post({**ok, "application": "retired"}).status_code == 400
     assert service.post(ok, tenant="globex").status_code == 403  # header and body name different tenants
 
@@ -196,6 +200,7 @@ def test_load_completes_counts_match_an_independent_reader_and_tenants_are_isola
     assert res["status"] == "success", (res, service.tail())
     assert (res["files_loaded"], res["rows_written"], res["files_already_loaded"]) == (2, 6, 0)
     assert res["error"] is None and res["dagster_status"] == "SUCCESS"
+    assert res["engine"] == "spark" and res["engine_reason"] == "built-in default is spark"
     failed = done[bad.json()["job_id"]]
     assert failed["status"] == "failed" and "wf/none/raw/table/x.parquet" in failed["error"]
     assert "not found" in failed["error"]
@@ -220,7 +225,7 @@ def test_twenty_concurrent_loads_all_complete_each_row_once(service):
     t0 = time.monotonic()
 
     def post(run):
-        return service.post({"application": "redshift", "tenant_id": "acme", "workflow_id": "wf",
+        return service.post({"application": "salesforce", "tenant_id": "acme", "workflow_id": "wf",
                              "workflow_run_id": run, "file_keys": [keys[run]]})
 
     with ThreadPoolExecutor(max_workers=20) as pool:
@@ -232,8 +237,9 @@ def test_twenty_concurrent_loads_all_complete_each_row_once(service):
     print(f"20 concurrent loads finished in {time.monotonic() - t0:.0f}s")
     assert {j: d["status"] for j, d in done.items()} == {j: "success" for j in jobs}, service.tail()
     assert all(d["rows_written"] == 3 and d["files_loaded"] == 1 for d in done.values())
+    assert {(d["engine"], d["engine_reason"]) for d in done.values()} == {("arrow", "application salesforce engine is arrow")}
 
-    rows = [r for r in service.catalog.load_table("entity_raw.redshift").scan().to_arrow().to_pylist()
+    rows = [r for r in service.catalog.load_table("entity_raw.salesforce").scan().to_arrow().to_pylist()
             if r["workflow_run_id"] in runs]
     per_run: dict[str, list[str]] = {}
     for r in rows:

@@ -96,7 +96,8 @@ def create_app(platform: Platform, gateway: RunGateway, token: str) -> FastAPI:
             "files_loaded": result.get("files_loaded"), "files_already_loaded": result.get("files_already_loaded"),
             "files_quarantined": result.get("files_quarantined"), "rows_written": result.get("rows_written"),
             "records_quarantined": result.get("records_quarantined"), "snapshot_id": result.get("snapshot_id"),
-            "quarantined_files": result.get("quarantined_files"), "error": error,
+            "quarantined_files": result.get("quarantined_files"), "engine": result.get("engine"),
+            "engine_reason": result.get("engine_reason"), "error": error,
         }
 
     @app.get("/health")

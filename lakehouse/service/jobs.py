@@ -83,7 +83,8 @@ def result_counts(result: LoadResult) -> dict[str, Any]:
             "files_already_loaded": result.files_skipped, "files_quarantined": len(result.quarantined),
             "empty_files": result.empty_files, "rows_written": result.rows_written,
             "records_quarantined": result.records_quarantined, "typenames": result.typenames,
-            "snapshot_id": result.snapshot_id, "quarantined_files": result.quarantined[:100]}
+            "snapshot_id": result.snapshot_id, "quarantined_files": result.quarantined[:100],
+            "engine": result.engine, "engine_reason": result.engine_reason}
 
 
 def concise_error(exc: BaseException) -> str:
