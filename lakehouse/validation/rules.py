@@ -251,18 +251,33 @@ class ActionCounts:
     samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # rules that could not be evaluated
 
-    def add(self, tagged: DataFrame, rules: list[Rule]) -> None:
+    def _acting(self, rules: list[Rule]) -> list[Rule]:
+        return [r for r in acting_rules(rules) if r.name not in self.errors]
+
+    def aggregates(self, rules: list[Rule]) -> list[Column]:
+        """Failing rows per acting rule (`__a<i>`), over frames carrying `_failed_rules`."""
         from pyspark.sql import functions as F
 
-        acting = [r for r in acting_rules(rules) if r.name not in self.errors]
         failed = F.col(FAILED_RULES_COLUMN)
-        aggs = [F.count(F.lit(1)).alias("__total")] + [
-            F.sum(F.when(F.array_contains(failed, r.name), 1).otherwise(0)).alias(f"__a{i}")
-            for i, r in enumerate(acting)]
-        row = tagged.agg(*aggs).collect()[0]
-        self.total += int(row["__total"])
-        for i, r in enumerate(acting):
-            n = int(row[f"__a{i}"] or 0)
+        return [F.sum(F.when(F.array_contains(failed, r.name), 1).otherwise(0)).alias(f"__a{i}")
+                for i, r in enumerate(self._acting(rules))]
+
+    def add(self, tagged: DataFrame, rules: list[Rule]) -> None:
+        """Count a batch by one aggregate over its tagged rows."""
+        from pyspark.sql import functions as F
+
+        row = tagged.agg(F.count(F.lit(1)).alias("__total"), *self.aggregates(rules)).collect()[0].asDict()
+        self.record(int(row["__total"]), row, tagged, rules)
+
+    def record(self, total: int, counts: dict[str, Any], tagged: DataFrame, rules: list[Rule]) -> None:
+        """Add a batch's counts (`__a<i>` as `aggregates` names them; a missing one is 0) and
+        sample the rows of the rules that failed from `tagged`."""
+        from pyspark.sql import functions as F
+
+        self.total += total
+        failed = F.col(FAILED_RULES_COLUMN)
+        for i, r in enumerate(self._acting(rules)):
+            n = int(counts.get(f"__a{i}") or 0)
             self.failed[r.name] = self.failed.get(r.name, 0) + n
             if n and len(self.samples.get(r.name, [])) < SAMPLE_ROWS:
                 self.samples.setdefault(r.name, []).extend(

@@ -76,6 +76,9 @@ class AuditedWrite:
         self.observed: dict[str, Any] | None = None  # RowPass keys observed during the writes
         self._observation_ok = True
         self._observed_keyset: set[str] | None = None  # the same keys must be observed on every batch
+        # the last write replaced the whole branch and its rows were observed: the observation then
+        # covers every row the audit reads (the whole branch), as it does for appends
+        self._observed_whole = False
         # what the writes that replaced data touched, as predicates over the table (a merge: its keys;
         # a partition overwrite: its condition), so the audit reads those rows, not the whole table;
         # None once a write replaced data without saying where (then the audit reads the whole branch)
@@ -139,17 +142,32 @@ class AuditedWrite:
         split = split_rows(df, self.rules, self.actions.errors if self.actions is not None else None)
         tagged = split.tagged.persist(StorageLevel.MEMORY_AND_DISK) if split.tagged is not None else None
         try:
-            if tagged is not None and self.actions is not None:
+            on_writes = tagged is not None and self._actions_ride_on_writes(split, batch)
+            if tagged is not None and self.actions is not None and not on_writes:
                 self.actions.add(tagged, self.rules)
+            quarantined, counts = 0, None
             if split.quarantine is not None and self.quarantine_enabled:
+                bad = split.quarantine
+                if on_writes:  # the rules' counts among the quarantined rows, taken as they are written
+                    from pyspark.sql import Observation
+
+                    self._batches += 1
+                    counts = Observation(f"quarantine_{self.branch}_{self._batches}")
+                    bad = bad.observe(counts, *self.actions.aggregates(self.rules))
                 # the batch's file checkpoints ride along: quarantine rows are published exactly once too
-                self.quarantined_rows += self._quarantine_writer().write(split.quarantine, batch.snapshot_properties)
+                quarantined = self._quarantine_writer().write(bad, batch.snapshot_properties)
+                self.quarantined_rows += quarantined
             keep = split.keep
             if not self.created:
                 self._start_branch(keep.schema)
             row_pass = RowPass.plan(keep, self.rules, self._handled)
+            replaces_all = self._replaces_all(batch)
             batch = self._scoped(batch, keep)
-            keys = self._observed_keys(row_pass, keep) if self.target.write_mode == "append" else set()
+            observe = self.target.write_mode == "append" or replaces_all
+            keys = self._observed_keys(row_pass, keep) if observe else set()
+            if replaces_all:  # what earlier batches wrote is gone: their observations with it
+                self.observed, self._observed_keyset, self._observation_ok = None, None, True
+            self._observed_whole = False
             if self._observed_keyset is None:
                 self._observed_keyset = keys
             elif keys != self._observed_keyset:
@@ -163,6 +181,12 @@ class AuditedWrite:
                 self._observation_ok = False
             elif self._observation_ok:
                 self.observed = RowPass.merge(self.observed, observation.get)
+                self._observed_whole = replaces_all
+            if on_writes:
+                # every input row is either kept (appended: the commit's added-records) or quarantined;
+                # no quarantined row committed means no row failed a quarantine rule (nothing to observe)
+                self.actions.record(res.rows_written + quarantined, counts.get if quarantined else {},
+                                    tagged, self.rules)
         finally:
             if tagged is not None:
                 tagged.unpersist()
@@ -174,6 +198,24 @@ class AuditedWrite:
         else:
             self._appended = True
         return res
+
+    def _actions_ride_on_writes(self, split, batch: Batch) -> bool:
+        """Whether the drop/quarantine rules' counts can be taken from the batch's two writes instead
+        of their own pass over the rows: only when every acting rule quarantines (a dropped row is in
+        neither write) and the kept rows are appended (a commit's added-records is then their count)."""
+        if self.actions is None or split.quarantine is None or not self.quarantine_enabled:
+            return False
+        acting = [r for r in acting_rules(self.rules) if r.name not in self.actions.errors]
+        return (all(r.action == "quarantine" for r in acting) and batch.write is None
+                and self.target.write_mode == "append")
+
+    def _replaces_all(self, batch: Batch) -> bool:
+        """The batch's write replaces every row of the branch (a full recompute, an overwrite target
+        without a condition): afterwards the branch holds exactly the rows written."""
+        spec = batch.write
+        if spec is None:
+            return self.target.write_mode == "overwrite"
+        return spec.mode == "overwrite" and spec.condition is None
 
     def _scoped(self, batch: Batch, keep: DataFrame) -> Batch:
         """Record where this batch's write lands in the table (`_scopes`); a merge also gets the
@@ -321,7 +363,8 @@ class AuditedWrite:
             "ref_frames": refs,
             "row_actions": self.actions,
             "schema_drift": self.drift,
-            "observed": self.observed if self.appends_only and self._observation_ok else None,
+            "observed": (self.observed if self._observation_ok and (self.appends_only or self._observed_whole)
+                         else None),
             # a scoped write: `unique` checks the keys of the rows it wrote against the whole table
             "unique_scoped": self._scope() is not None,
             "file_metrics": self.file_metrics(),
