@@ -92,6 +92,18 @@ def test_json_values_checked_against_the_tables_types(tmp_path):
     assert p.status == QUARANTINED and "cannot be read as decimal(3,2)" in p.error
 
 
+def test_json_checks_find_the_column_whatever_its_case_and_wherever_it_appears(tmp_path):
+    """The checked column is matched case-insensitively, named as the file spells it, and checked
+    on every line: also on lines that lack it at first or carry it after other fields."""
+    lines = ['{"x": "a"}', '{"x": "b", "Qty": 7}', '{"Qty": null, "x": "c"}', '{"x": "d", "y": 1, "Qty": "n/a"}']
+    f = write(tmp_path, "q.jsonl", "\n".join(lines) + "\n")
+    p = probe_file(f, "jsonl", limits=L, expect={"qty": LongType()})
+    assert p.status == QUARANTINED and p.error == 'line 4: column Qty: value "n/a" cannot be read as bigint'
+    ok = write(tmp_path, "ok.jsonl", "\n".join(lines[:3]) + "\n")
+    p = probe_file(ok, "jsonl", limits=L, expect={"qty": LongType()})
+    assert p.status == PROCESSED and p.rows == 3 and p.schema.simpleString() == "struct<x:string,Qty:bigint>"
+
+
 def test_datetimes_are_checked_with_sparks_grammar(tmp_path):
     """A zone or a JSON number cannot go into a timestamp_ntz column, Spark's lenient "2024-1-1" can,
     and a JSON string of digits is a date (days since the epoch); test_bad_input_cases.py holds the

@@ -339,6 +339,7 @@ def _probe_jsonl(fh, limits, expect: dict[str, Any]) -> FileProbe:
     decimals = any(getattr(t, "typeName", lambda: "")() == "decimal" for t in expect.values())
     decode = json.JSONDecoder(parse_float=Decimal).decode if decimals else json.JSONDecoder().decode
     rows = 0
+    seen = root.lower  # lower-cased field name -> its spelling in the file
     reader = io.BufferedReader(BoundedLines(fh, limits.max_line_bytes), buffer_size=1 << 20)
     for n, raw in enumerate(reader, 1):
         if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
@@ -361,12 +362,14 @@ def _probe_jsonl(fh, limits, expect: dict[str, Any]) -> FileProbe:
             infer._absorb(root, obj, 1, "")
         except RecursionError:
             raise LimitExceeded("max_depth", limits.max_depth, "nesting too deep", infer.where) from None
-        if checks:
-            for k, v in obj.items():
-                fit = checks.get(k.lower())
-                if fit is not None and v is not None and not fit(v):
-                    return FileProbe.bad(f"line {n}: column {k}: value {_show(v)} cannot be read as "
-                                         f"{expect[k.lower()].simpleString()}")
+        # the checked columns only (a key's spelling in this line is the file's: `_absorb` refuses
+        # names that differ only in case), not a lookup per field of every line
+        for lk, fit in checks.items():
+            k = seen.get(lk)
+            v = obj.get(k) if k is not None else None
+            if v is not None and not fit(v):
+                return FileProbe.bad(f"line {n}: column {k}: value {_show(v)} cannot be read as "
+                                     f"{expect[lk].simpleString()}")
         rows += 1
     if rows == 0:
         return FileProbe(EMPTY, "no JSON records", rows=0)
