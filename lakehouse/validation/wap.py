@@ -163,7 +163,9 @@ class AuditedWrite:
             row_pass = RowPass.plan(keep, self.rules, self._handled)
             replaces_all = self._replaces_all(batch)
             batch = self._scoped(batch, keep)
-            observe = self.target.write_mode == "append" or replaces_all
+            # not into a table with a write order: Iceberg asks Spark for a range distribution,
+            # whose sampling job runs the plan a second time, and observed counts would double
+            observe = (self.target.write_mode == "append" or replaces_all) and not self.target.sort_order
             keys = self._observed_keys(row_pass, keep) if observe else set()
             if replaces_all:  # what earlier batches wrote is gone: their observations with it
                 self.observed, self._observed_keyset, self._observation_ok = None, None, True
