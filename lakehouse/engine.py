@@ -15,7 +15,7 @@ Plain data and rules only: the engines themselves are `SparkEngine` here and
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,23 +51,53 @@ class EngineChoice:
         return {"engine": self.engine, "engine_reason": self.reason}
 
 
-def asked_engine(catalog: MetadataCatalog, target: Target) -> tuple[str, str]:
-    """(spark | arrow | auto, where that came from)."""
-    if target.engine:
-        return target.engine, f"target {target.target_id} engine"
+def _asked(catalog: MetadataCatalog, engine: str | None, owner: str) -> tuple[str, str]:
+    """(spark | arrow | auto, where that came from): the owner's own `engine`, else the platform
+    setting engine.default, else the built-in default."""
+    if engine:
+        return engine, f"{owner} engine"
     value = (catalog.setting("engine.default") or "").strip()
     if value in ENGINES:
         return value, "platform setting engine.default"
     return BUILT_IN_DEFAULT, "built-in default"
 
 
-def arrow_max_bytes(catalog: MetadataCatalog, target: Target) -> tuple[int, str]:
-    if target.arrow_max_bytes is not None:
-        return target.arrow_max_bytes, f"target {target.target_id} arrow_max_bytes"
+def _max_bytes(catalog: MetadataCatalog, limit: int | None, owner: str) -> tuple[int, str]:
+    """auto's threshold: the owner's own `arrow_max_bytes`, else engine.arrow_max_bytes, else the default."""
+    if limit is not None:
+        return limit, f"{owner} arrow_max_bytes"
     raw = (catalog.setting("engine.arrow_max_bytes") or "").strip()
     if raw.isdigit():
         return int(raw), "platform setting engine.arrow_max_bytes"
     return DEFAULT_ARROW_MAX_BYTES, "platform default"
+
+
+def asked_engine(catalog: MetadataCatalog, target: Target) -> tuple[str, str]:
+    """(spark | arrow | auto, where that came from)."""
+    return _asked(catalog, target.engine, f"target {target.target_id}")
+
+
+def arrow_max_bytes(catalog: MetadataCatalog, target: Target) -> tuple[int, str]:
+    return _max_bytes(catalog, target.arrow_max_bytes, f"target {target.target_id}")
+
+
+def _decide(asked: str, origin: str, blockers: list[str], limit: Callable[[], tuple[int, str]], size: int,
+            measured: str, refusal: str | None) -> EngineChoice:
+    """The one decision of every engine choice: blockers keep the work on Spark (an explicit `arrow`
+    of the owner itself is refused with `refusal`), `arrow` is taken as asked, and `auto` compares
+    `size` (`measured`: what the bytes are) with the threshold `limit()` gives."""
+    if asked == "spark":
+        return EngineChoice("spark", asked, f"{origin} is spark")
+    if blockers:
+        if asked == "arrow" and refusal is not None:
+            raise ValueError(f"{refusal}: {'; '.join(blockers)}. Set engine: spark or auto")
+        return EngineChoice("spark", asked, f"{origin} is {asked}, but {'; '.join(blockers)}")
+    if asked == "arrow":
+        return EngineChoice("arrow", asked, f"{origin} is arrow")
+    cap, cap_origin = limit()
+    if size <= cap:
+        return EngineChoice("arrow", asked, f"auto: {size} {measured} <= {cap} ({cap_origin})")
+    return EngineChoice("spark", asked, f"auto: {size} {measured} > {cap} ({cap_origin})")
 
 
 def choose(ctx: StageContext, plan: ExtractPlan) -> EngineChoice:
@@ -75,68 +105,33 @@ def choose(ctx: StageContext, plan: ExtractPlan) -> EngineChoice:
     the next run). An explicit `arrow` the stage cannot honour raises (static validation names it
     first: lakehouse.metadata.checks); `auto` and the platform default fall back to Spark, saying why."""
     asked, origin = asked_engine(ctx.catalog, ctx.target)
-    if asked == "spark":
-        return EngineChoice("spark", asked, f"{origin} is spark")
-    blockers = arrow_blockers(ctx.stage, ctx.target, ctx.source, ctx.rules)
-    if plan.kind not in ARROW_SOURCES and not plan.skipped_reason:  # a skipped plan writes nothing
+    blockers = [] if asked == "spark" else arrow_blockers(ctx.stage, ctx.target, ctx.source, ctx.rules)
+    if asked != "spark" and plan.kind not in ARROW_SOURCES and not plan.skipped_reason:  # a skipped plan writes nothing
         blockers.append(f"the plan reads {plan.kind!r}")
-    if blockers:
-        if asked == "arrow" and origin.startswith("target"):
-            raise ValueError(f"target {ctx.target.target_id} asks for engine arrow, which cannot write stage "
-                             f"{ctx.stage.pipeline_id}.{ctx.stage.stage_name}: {'; '.join(blockers)}. Set engine: "
-                             "spark or auto")
-        return EngineChoice("spark", asked, f"{origin} is {asked}, but {'; '.join(blockers)}")
-    if asked == "arrow":
-        return EngineChoice("arrow", asked, f"{origin} is arrow")
-    limit, limit_origin = arrow_max_bytes(ctx.catalog, ctx.target)
-    size = sum(f.size for f in plan.files)
-    if size <= limit:
-        return EngineChoice("arrow", asked, f"auto: {size} bytes planned <= {limit} ({limit_origin})")
-    return EngineChoice("spark", asked, f"auto: {size} bytes planned > {limit} ({limit_origin})")
+    refusal = (f"target {ctx.target.target_id} asks for engine arrow, which cannot write stage "
+               f"{ctx.stage.pipeline_id}.{ctx.stage.stage_name}") if ctx.target.engine else None
+    return _decide(asked, origin, blockers, lambda: arrow_max_bytes(ctx.catalog, ctx.target),
+                   sum(f.size for f in plan.files), "bytes planned", refusal)
 
 
 def choose_for_application(catalog: MetadataCatalog, app: Application, rules: list[Rule], size: int) -> EngineChoice:
     """The engine of an entity_raw load of `size` bytes of files into entity_raw.<app>: the
     application's `engine` (else engine.default, else the built-in default), `auto` by the
     application's `arrow_max_bytes` (else engine.arrow_max_bytes, else the default), as `choose`."""
-    if app.engine:
-        asked, origin = app.engine, f"application {app.application_id} engine"
-    else:
-        value = (catalog.setting("engine.default") or "").strip()
-        asked, origin = (value, "platform setting engine.default") if value in ENGINES else (BUILT_IN_DEFAULT,
-                                                                                            "built-in default")
-    if asked == "spark":
-        return EngineChoice("spark", asked, f"{origin} is spark")
-    blockers = entity_raw_blockers(app, rules)
-    if blockers:
-        if asked == "arrow" and origin.startswith("application"):
-            raise ValueError(f"application {app.application_id} asks for engine arrow, which cannot load "
-                             f"entity_raw.{app.application_id.lower()}: {'; '.join(blockers)}. Set engine: spark or auto")
-        return EngineChoice("spark", asked, f"{origin} is {asked}, but {'; '.join(blockers)}")
-    if asked == "arrow":
-        return EngineChoice("arrow", asked, f"{origin} is arrow")
-    if app.arrow_max_bytes is not None:
-        limit, limit_origin = app.arrow_max_bytes, f"application {app.application_id} arrow_max_bytes"
-    else:
-        raw = (catalog.setting("engine.arrow_max_bytes") or "").strip()
-        limit, limit_origin = ((int(raw), "platform setting engine.arrow_max_bytes") if raw.isdigit()
-                               else (DEFAULT_ARROW_MAX_BYTES, "platform default"))
-    if size <= limit:
-        return EngineChoice("arrow", asked, f"auto: {size} bytes of files <= {limit} ({limit_origin})")
-    return EngineChoice("spark", asked, f"auto: {size} bytes of files > {limit} ({limit_origin})")
+    owner = f"application {app.application_id}"
+    asked, origin = _asked(catalog, app.engine, owner)
+    blockers = [] if asked == "spark" else entity_raw_blockers(app, rules)
+    refusal = (f"{owner} asks for engine arrow, which cannot load entity_raw.{app.application_id.lower()}"
+               if app.engine else None)
+    return _decide(asked, origin, blockers, lambda: _max_bytes(catalog, app.arrow_max_bytes, owner), size,
+                   "bytes of files", refusal)
 
 
 def choose_for_export(catalog: MetadataCatalog, target: Target, size: int) -> EngineChoice:
     """What reads a published table for the warehouse export: PyIceberg + Arrow when the table's
     engine allows it and its snapshot (`size` bytes of data files) is within the Arrow threshold."""
     asked, origin = asked_engine(catalog, target)
-    if asked == "spark":
-        return EngineChoice("spark", asked, f"{origin} is spark")
-    limit, limit_origin = arrow_max_bytes(catalog, target)
-    if asked == "arrow" or size <= limit:
-        why = f"{origin} is arrow" if asked == "arrow" else f"auto: {size} bytes of data files <= {limit} ({limit_origin})"
-        return EngineChoice("arrow", asked, why)
-    return EngineChoice("spark", asked, f"auto: {size} bytes of data files > {limit} ({limit_origin})")
+    return _decide(asked, origin, [], lambda: arrow_max_bytes(catalog, target), size, "bytes of data files", None)
 
 
 def may_need_spark(catalog: MetadataCatalog, pipeline_id: str) -> bool:
