@@ -237,6 +237,37 @@ class _ExtractAndLoad(_Load):
         yield from self.load(context, inputs, plan)
 
 
+# The ops' inputs and outputs are the same few kinds for every stage: built once and shared (they are
+# immutable). Each `In`/`Out` resolves its Dagster type when built and again in its definition, and
+# resolving a type is the costliest call of a build at 1,000 pipelines (issue 22).
+_RESULT_OUT = dg.Out(io_manager_key="iceberg_io_manager")
+_CHECK_OUT = dg.Out(is_required=False)
+_PLAN_OUT = dg.Out()
+_INPUTS = {"nothing": dg.In(dg.Nothing), "lazy": dg.In(metadata={LAZY: True}), "plan": dg.In()}
+_input_defs: dict[tuple[str, str], dg.InputDefinition] = {}
+
+
+def _no_op_config(_config) -> dict:
+    """The two ops of a source-reading stage take no config (they read the control DB at run time)."""
+    return {}
+
+
+# A graph without a config mapping exposes its ops' config (`ops: {<extract>: .., <load>: ..}`):
+# one config type per graph named after its two ops, two per source-reading stage in the asset
+# job's snapshot (2,000 of its 2,038 config types at 1,000 pipelines), fetched and parsed by every
+# client on every reload. With this mapping a graph's config is an op's (`config: Any`, optional),
+# one type shared by every graph; the ops get the config they always had (none).
+_NO_OP_CONFIG = dg.ConfigMapping(config_fn=_no_op_config)
+
+
+def _input(name: str, kind: str) -> dg.InputDefinition:
+    """The op input `name` of this kind (`nothing`, `lazy`, `plan`), one definition per process."""
+    d = _input_defs.get((name, kind))
+    if d is None:
+        d = _input_defs[(name, kind)] = _INPUTS[kind].to_definition(name)
+    return d
+
+
 def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
     key = g.key(stage)
     target = g.targets[stage.target_id]
@@ -262,15 +293,13 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
     description = ((stage.description or target.description or f"{stage.layer} table {target.identifier}")
                    + f"\n\nPipeline `{stage.pipeline_id}`, stage {stage.stage_order} `{stage.stage_name}`, "
                    f"write mode `{target.write_mode}`.")
-    load_outs = {"result": dg.Out(io_manager_key="iceberg_io_manager"),
-                 **{n: dg.Out(is_required=False) for n in check_outs}}
-    lazy_in = dg.In(metadata={LAZY: True})
+    load_outs = {"result": _RESULT_OUT, **dict.fromkeys(check_outs, _CHECK_OUT)}
     if source_pool is None:  # lake tables only: one op, in the target's pool
         tables = dict(tables_in)
         node = dg.OpDefinition(
             name=base,
             # upstream stages' tables: lazy inputs; an external source's asset only orders it (Nothing)
-            ins={n: lazy_in if n in tables else dg.In(dg.Nothing) for n in input_names},
+            ins={n: _input(n, "lazy" if n in tables else "nothing") for n in input_names},
             outs=load_outs,
             compute_fn=_ExtractAndLoad(step),
             pool=f"target:{target.target_id}",
@@ -282,8 +311,8 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
     else:
         extract = dg.OpDefinition(
             name=f"{base}__extract",
-            ins={n: dg.In(dg.Nothing) for n in input_names},
-            outs={"result": dg.Out()},
+            ins={n: _input(n, "nothing") for n in input_names},
+            outs={"result": _PLAN_OUT},
             compute_fn=_Extract(step),
             pool=source_pool,
             tags=op_tags,
@@ -292,7 +321,7 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
         )
         load = dg.OpDefinition(
             name=f"{base}__load",
-            ins={"plan": dg.In(), **{n: lazy_in for n, _ in tables_in}},
+            ins={"plan": _input("plan", "plan"), **{n: _input(n, "lazy") for n, _ in tables_in}},
             outs=load_outs,
             compute_fn=_Load(step),
             pool=f"target:{target.target_id}",
@@ -303,6 +332,7 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
         node = dg.GraphDefinition(
             name=base,
             description=description,
+            config=_NO_OP_CONFIG,
             node_defs=[extract, load],
             dependencies={load.name: {"plan": dg.DependencyDefinition(extract.name, "result")}},
             input_mappings=[dg.InputMapping(graph_input_name=n, mapped_node_name=extract.name,
