@@ -360,8 +360,6 @@ def history_mcps(platform: Platform, catalog: MetadataCatalog, limit: int = 10_0
 def run_mcps(runner: StageContext, outcome: StageOutcome | None, *, success: bool, started_ms: int,
              used_upstream: str | None = None, checks=None) -> list[MetadataChangeProposalWrapper]:
     """One stage run: the target's schema and lineage, the job, its DataProcessInstance, check results."""
-    from datahub.api.entities.dataprocess.dataprocess_instance import DataProcessInstance, InstanceRunResult
-
     catalog, st = runner.catalog, runner.stage
     now = int(time.time() * 1000)
     out: list[MetadataChangeProposalWrapper] = []
@@ -378,24 +376,51 @@ def run_mcps(runner: StageContext, outcome: StageOutcome | None, *, success: boo
     out.extend(job.generate_mcp(materialize_iolets=False))
     out.extend(query_mcps(catalog, st))
     out.extend(assertion_info_mcps(catalog, st))
-    dpi = DataProcessInstance.from_datajob(job, id=f"{runner.run_id}.{st.stage_name}", clone_inlets=True,
-                                           clone_outlets=True)
-    dpi.properties = {"run_id": runner.run_id, "pipeline": st.pipeline_id, "stage": st.stage_name}
+    props = {"run_id": runner.run_id, "pipeline": st.pipeline_id, "stage": st.stage_name}
     if outcome is not None:
-        dpi.properties.update(rows_written=str(outcome.rows_written), published=str(outcome.published).lower(),
-                              snapshot_id=str(outcome.snapshot_id))
+        props.update(rows_written=str(outcome.rows_written), published=str(outcome.published).lower(),
+                     snapshot_id=str(outcome.snapshot_id))
     if used_upstream and used_upstream != st.source_id:
-        dpi.properties["rerouted_from"] = st.source_id or ""
-        dpi.properties["rerouted_to"] = used_upstream
-    out.extend(dpi.generate_mcp(created_ts_millis=started_ms, materialize_iolets=False))
-    out.extend(dpi.start_event_mcp(started_ms))
-    out.extend(dpi.end_event_mcp(now, InstanceRunResult.SUCCESS if success else InstanceRunResult.FAILURE,
-                                 start_timestamp_millis=started_ms))
+        props["rerouted_from"] = st.source_id or ""
+        props["rerouted_to"] = used_upstream
+    out.extend(instance_mcps(job, f"{runner.run_id}.{st.stage_name}", props, started_ms, now, success))
     target_urn_ = dataset_urn(catalog, st.target_id)
     for c in checks if checks is not None else (outcome.checks if outcome else []):
         out.append(assertion_result_mcp(st, target_urn_, c.rule, c.passed, runner.run_id, now,
                                         c.failed_rows, c.total_rows, c.message))
     return out
+
+
+def instance_mcps(job, instance_id: str, properties: dict[str, str], started_ms: int, ended_ms: int,
+                  success: bool) -> list[MetadataChangeProposalWrapper]:
+    """One run of `job` (a DataJob) as DataHub's DataProcessInstance aspects: what
+    `DataProcessInstance.from_datajob(job, id, clone_inlets=True, clone_outlets=True)` generates
+    with `generate_mcp(materialize_iolets=False)`, `start_event_mcp` and `end_event_mcp`, aspect for
+    aspect (tests/test_datahub_instance.py compares them). Built from the schema classes because
+    that helper's module imports acryl-datahub's ingestion framework, REST emitter and telemetry
+    (~0.5 s of CPU), which a run that writes a metadata file never uses. This module's DataJobs
+    name no platform instance, so there is no DataPlatformInstance aspect."""
+    key = {"cluster": job.flow_urn.cluster, "orchestrator": job.flow_urn.orchestrator, "id": instance_id}
+    urn = f"urn:li:dataProcessInstance:{builder.datahub_guid({k: v for k, v in key.items() if v is not None})}"
+    aspects: list = [
+        m.DataProcessInstancePropertiesClass(
+            name=instance_id, created=m.AuditStampClass(time=started_ms, actor="urn:li:corpuser:datahub"),
+            type=m.DataProcessTypeClass.BATCH_SCHEDULED, customProperties=properties, externalUrl=None),
+        m.DataProcessInstanceRelationshipsClass(upstreamInstances=[], parentTemplate=str(job.urn), parentInstance=None),
+    ]
+    if job.inlets:
+        aspects.append(m.DataProcessInstanceInputClass(inputs=[str(u) for u in job.inlets]))
+    if job.outlets:
+        aspects.append(m.DataProcessInstanceOutputClass(outputs=[str(u) for u in job.outlets]))
+    aspects.append(m.DataProcessInstanceRunEventClass(status=m.DataProcessRunStatusClass.STARTED,
+                                                      timestampMillis=started_ms, attempt=None))
+    aspects.append(m.DataProcessInstanceRunEventClass(
+        status=m.DataProcessRunStatusClass.COMPLETE, timestampMillis=ended_ms,
+        result=m.DataProcessInstanceRunResultClass(
+            type=m.RunResultTypeClass.SUCCESS if success else m.RunResultTypeClass.FAILURE,
+            nativeResultType=job.flow_urn.orchestrator),
+        attempt=None, durationMillis=(ended_ms - started_ms) if started_ms else None))
+    return [_mcp(urn, a) for a in aspects]
 
 
 # --------------------------------------------------------------------------- delivery
@@ -434,16 +459,22 @@ def _token(platform: Platform) -> str | None:
 
 def write_mcp_file(path: Path, mcps: Iterable) -> int:
     """Atomically write proposals in the metadata-file format (`datahub check metadata-file`)."""
-    from datahub.ingestion.sink.file import write_metadata_file
-
     items = list(mcps)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
-    write_metadata_file(tmp, items)
+    tmp.write_text(metadata_file_text(items))
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     return len(items)
+
+
+def metadata_file_text(items: list) -> str:
+    """The text `datahub.ingestion.sink.file.write_metadata_file` writes for these proposals, byte
+    for byte (tests/test_datahub_instance.py), without importing that module: it pulls in the
+    ingestion framework, the REST emitter and telemetry (~0.5 s of CPU per `lakehouse run`)."""
+    objs = [x if isinstance(x, dict) else x.to_obj(simplified_structure=True) for x in items]
+    return "[\n" + ",\n".join(json.dumps(o, indent=4) for o in objs) + "\n]"
 
 
 def read_mcp_file(path: Path) -> list:
