@@ -34,6 +34,7 @@ from lakehouse.core import (
 )
 from lakehouse.export.warehouse import export_after_publish
 from lakehouse.iceberg import branch_name_for_run
+from lakehouse.lineage.background import emit_stage_run
 from lakehouse.lineage.recovery import Reroute, extract_with_recovery, reroute
 from lakehouse.platform import Platform
 from lakehouse.sources import adapter_for
@@ -203,6 +204,5 @@ class StageRunner(StageContext):
         adapter_for(plan.kind).after_publish(self, plan, outcome)  # checkpoints, cursors, staged copies
         if self.target.export_target_id:
             export_after_publish(self, outcome)  # adds rows/table/duration to outcome.extra
-        from lakehouse.lineage.datahub import emit_stage_run  # acryl-datahub: imported by runs, not by every code load
-
-        emit_stage_run(self, plan, outcome, success=True)  # lineage + run to DataHub; never raises
+        # lineage + run to DataHub; never raises. Beside the run in a child inside `lakehouse run`
+        emit_stage_run(self, plan, outcome, success=True)

@@ -14,6 +14,7 @@ from lakehouse.alerts import run_finished
 from lakehouse.cli import _env_flag as env_flag
 from lakehouse.dagster_runs import failure_summary
 from lakehouse.engine import may_need_spark
+from lakehouse.lineage.background import in_background as lineage_in_background
 from lakehouse.metadata.derived import read_structure
 from lakehouse.platform import Platform
 from lakehouse.spark import release_jvm_at_exit
@@ -50,20 +51,22 @@ def cmd_run(args) -> int:
     job = pipeline_job(defs, args.pipeline)
     quiet = {} if args.verbose else {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
     # the selection named again: a run records only the selection it is given (as a UI run's), which
-    # the run summary sensor and the kill switch read
-    result = job.execute_in_process(instance=headless.instance, raise_on_error=False, run_config=quiet,
-                                    asset_selection=sorted(job.asset_layer.selected_asset_keys),
-                                    tags={"lakehouse/pipeline": args.pipeline, "lakehouse/launched_by": "cli",
-                                          **run_tags()})
-    summary = summarize(result.all_events, result.run_id, args.pipeline,
-                        stage_keys(catalog, args.pipeline, job.asset_layer.selected_asset_keys))
-    record(headless.instance if headless.persistent else None, platform, summary, args.pipeline)
-    print(summary.table())
-    if not result.success:  # no daemon may be watching this instance: raise the run-failure alert here
-        run = headless.instance.get_run_by_id(result.run_id)
-        message, failed = failure_summary(headless.instance, run.run_id, f"run {result.run_id} failed", catalog)
-        run_finished(platform.store, run_id=result.run_id, status="FAILURE", job_name=run.job_name,
-                     tags=dict(run.tags), message=message, failed=failed)
+    # the run summary sensor and the kill switch read. Each stage's DataHub emission runs beside the
+    # run on the other core (lakehouse.lineage.background); the block ends when the last one is out
+    with lineage_in_background():
+        result = job.execute_in_process(instance=headless.instance, raise_on_error=False, run_config=quiet,
+                                        asset_selection=sorted(job.asset_layer.selected_asset_keys),
+                                        tags={"lakehouse/pipeline": args.pipeline, "lakehouse/launched_by": "cli",
+                                              **run_tags()})
+        summary = summarize(result.all_events, result.run_id, args.pipeline,
+                            stage_keys(catalog, args.pipeline, job.asset_layer.selected_asset_keys))
+        record(headless.instance if headless.persistent else None, platform, summary, args.pipeline)
+        print(summary.table())
+        if not result.success:  # no daemon may be watching this instance: raise the run-failure alert here
+            run = headless.instance.get_run_by_id(result.run_id)
+            message, failed = failure_summary(headless.instance, run.run_id, f"run {result.run_id} failed", catalog)
+            run_finished(platform.store, run_id=result.run_id, status="FAILURE", job_name=run.job_name,
+                         tags=dict(run.tags), message=message, failed=failed)
     release_jvm_at_exit()  # a JVM still starting (nothing needed it) would keep a core busy after we exit
     return summary.exit_code
 

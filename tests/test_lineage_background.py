@@ -1,0 +1,59 @@
+"""Stage runs' DataHub emission beside a `lakehouse run` (lakehouse.lineage.background): in a child
+process inside `in_background()`, one at a time in the stages' order, all of it over when the block
+ends; in-process everywhere else. The emission itself is replaced by one that records where and
+when it ran (the real one is covered by tests/test_datahub*.py and test_small_run_imports)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from lakehouse.lineage import background, datahub
+
+
+@pytest.fixture
+def recorded(tmp_path, monkeypatch):
+    log = tmp_path / "emitted.jsonl"
+
+    def fake_emit(runner, plan, outcome, *, success):
+        start = time.time()
+        time.sleep(0.3)  # slower than the caller: a child must be waited for
+        with open(log, "a") as fh:
+            fh.write(json.dumps({"stage": runner.stage, "pid": os.getpid(), "start": start, "end": time.time(),
+                                 "success": success}) + "\n")
+        if runner.stage == "boom":
+            raise RuntimeError("emission failed")
+
+    monkeypatch.setattr(datahub, "emit_stage_run", fake_emit)
+    monkeypatch.delenv(background.ENV, raising=False)
+    return lambda: [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def _runner(stage: str):
+    return SimpleNamespace(stage=stage, platform=SimpleNamespace(store=None))
+
+
+def test_in_background_emits_in_children_in_order_and_waits(recorded):
+    with background.in_background():
+        for stage in ("bronze", "silver", "boom", "gold"):
+            background.emit_stage_run(_runner(stage), None, None, success=True)
+        returned = time.time()
+    rows = recorded()
+    assert [r["stage"] for r in rows] == ["bronze", "silver", "boom", "gold"]  # all of them, once, in order
+    assert all(r["pid"] != os.getpid() for r in rows)
+    assert all(a["end"] <= b["start"] for a, b in zip(rows, rows[1:], strict=False))  # one at a time
+    assert rows[-1]["end"] > returned  # the caller went on while the last one ran; the block waited for it
+    assert not background._pending and not background._state["enabled"]
+
+
+def test_outside_the_block_or_switched_off_it_emits_in_process(recorded, monkeypatch):
+    background.emit_stage_run(_runner("bronze"), None, None, success=False)
+    monkeypatch.setenv(background.ENV, "0")
+    with background.in_background():
+        background.emit_stage_run(_runner("silver"), None, None, success=True)
+    assert [(r["stage"], r["pid"], r["success"]) for r in recorded()] == [
+        ("bronze", os.getpid(), False), ("silver", os.getpid(), True)]
