@@ -43,8 +43,9 @@ def test_in_background_emits_in_children_in_order_and_waits(recorded):
             background.emit_stage_run(_runner(stage), None, None, success=True)
         returned = time.time()
     rows = recorded()
-    assert [r["stage"] for r in rows] == ["bronze", "silver", "boom", "gold"]  # all of them, once, in order
-    assert all(r["pid"] != os.getpid() for r in rows)
+    # all of them, in order; the child that failed ("boom" raised in it) had its stage emitted again here
+    assert [r["stage"] for r in rows] == ["bronze", "silver", "boom", "boom", "gold"]
+    assert [r["pid"] == os.getpid() for r in rows] == [False, False, False, True, False]
     assert all(a["end"] <= b["start"] for a, b in zip(rows, rows[1:], strict=False))  # one at a time
     assert rows[-1]["end"] > returned  # the caller went on while the last one ran; the block waited for it
     assert not background._pending and not background._state["enabled"]
@@ -57,3 +58,34 @@ def test_outside_the_block_or_switched_off_it_emits_in_process(recorded, monkeyp
         background.emit_stage_run(_runner("silver"), None, None, success=True)
     assert [(r["stage"], r["pid"], r["success"]) for r in recorded()] == [
         ("bronze", os.getpid(), False), ("silver", os.getpid(), True)]
+
+
+def test_a_child_that_hangs_or_fails_is_killed_and_its_stage_emitted_in_process(tmp_path, monkeypatch, caplog):
+    """A fork can inherit a lock another thread held and hang; a child can die. Neither may hang
+    `lakehouse run` or lose the stage's lineage: the child is killed at the deadline (or found dead)
+    and the stage emitted again in the run's own process."""
+    log = tmp_path / "emitted.jsonl"
+    parent = os.getpid()
+
+    def fake_emit(runner, plan, outcome, *, success):
+        if os.getpid() != parent:
+            if runner.stage == "hangs":
+                time.sleep(60)
+            if runner.stage == "dies":
+                os._exit(3)
+        with open(log, "a") as fh:
+            fh.write(json.dumps({"stage": runner.stage, "pid": os.getpid()}) + "\n")
+
+    monkeypatch.setattr(datahub, "emit_stage_run", fake_emit)
+    monkeypatch.delenv(background.ENV, raising=False)
+    monkeypatch.setenv(background.TIMEOUT_ENV, "1")
+    with background.in_background():
+        for stage in ("bronze", "hangs", "dies", "gold"):
+            background.emit_stage_run(_runner(stage), None, None, success=True)
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["stage"] for r in rows] == ["bronze", "hangs", "dies", "gold"]  # every stage, once, in order
+    assert [r["pid"] == parent for r in rows] == [False, True, True, False]
+    assert not background._pending
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "stage hangs was still running at the deadline and was killed" in warned
+    assert "stage dies ended with 3" in warned

@@ -8,7 +8,10 @@ so nothing is loaded twice — while the run goes on with its Dagster events, ch
 Guarantees kept: every proposal is written (or delivered) before `in_background()` ends, i.e.
 before `lakehouse run` returns; one emission at a time, so proposals reach DataHub (and its spool)
 in the order of the stages; a failed emission never fails the run (the child logs it, as
-`emit_stage_run` does in-process). Outside it (the UI's run workers, tests, other callers), where
+`emit_stage_run` does in-process). A child that fails, dies or is still running after
+LAKEHOUSE_DATAHUB_BACKGROUND_TIMEOUT seconds (default 300: a fork that inherited a lock another
+thread held could hang it forever) is killed and its stage emitted again in-process, so no stage's
+lineage is lost and `lakehouse run` never hangs on it (proposals are idempotent upserts). Outside it (the UI's run workers, tests, other callers), where
 fork is unavailable, or with LAKEHOUSE_DATAHUB_BACKGROUND=0, it emits in-process as before.
 """
 
@@ -16,7 +19,10 @@ from __future__ import annotations
 
 import logging
 import os
+import select
+import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -26,8 +32,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 ENV = "LAKEHOUSE_DATAHUB_BACKGROUND"
+TIMEOUT_ENV = "LAKEHOUSE_DATAHUB_BACKGROUND_TIMEOUT"
 _state = {"enabled": False}
-_pending: list[int] = []
+_pending: list[tuple[int, tuple]] = []  # (child pid, what it emits: to emit again if it fails)
 
 
 @contextmanager
@@ -47,18 +54,14 @@ def emit_stage_run(runner: StageContext, plan: ExtractPlan | None, outcome: Stag
                    success: bool) -> None:
     """`lakehouse.lineage.datahub.emit_stage_run`, in a child process when enabled. Never raises."""
     if not _state["enabled"]:
-        from lakehouse.lineage.datahub import emit_stage_run as emit  # acryl-datahub: imported by runs only
-
-        emit(runner, plan, outcome, success=success)
+        _emit_here(runner, plan, outcome, success)
         return
     wait()  # the previous stage's proposals first: DataHub sees them in order
     try:
         pid = os.fork()
     except OSError as exc:  # no process to spare: emit here
         log.warning("DataHub emission in-process (fork failed: %s)", exc)
-        from lakehouse.lineage.datahub import emit_stage_run as emit
-
-        emit(runner, plan, outcome, success=success)
+        _emit_here(runner, plan, outcome, success)
         return
     if pid == 0:  # the child: emit, then end without running the parent's exit handlers or teardown
         code = 0
@@ -72,19 +75,70 @@ def emit_stage_run(runner: StageContext, plan: ExtractPlan | None, outcome: Stag
             code = 1
         finally:
             os._exit(code)  # no exit handlers, no flush of buffers the parent still owns
-    _pending.append(pid)
+    _pending.append((pid, (runner, plan, outcome, success)))
+
+
+def _emit_here(runner, plan, outcome, success: bool) -> None:
+    from lakehouse.lineage.datahub import emit_stage_run as emit  # acryl-datahub: imported by runs only
+
+    try:
+        emit(runner, plan, outcome, success=success)
+    except Exception:  # emit_stage_run never raises; whatever did must not fail the run
+        log.exception("DataHub emission failed")
+
+
+def _timeout() -> float:
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    try:
+        return float(raw) if raw else 300.0
+    except ValueError:
+        log.warning("%s=%r is not a number of seconds; using 300", TIMEOUT_ENV, raw)
+        return 300.0
+
+
+def _outcome(pid: int, deadline: float) -> str | None:
+    """Why the child did not emit (None: it did, or it was reaped elsewhere); killed at the deadline."""
+    _until_exit(pid, deadline)
+    delay = 0.005
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # already reaped (e.g. by a subprocess helper waiting for any child)
+            return None
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            return None if code == 0 else f"ended with {code}"
+        if time.monotonic() >= deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "was still running at the deadline and was killed"
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+def _until_exit(pid: int, deadline: float) -> None:
+    """Block until the child exits or the deadline passes, woken at its exit (Linux pidfd)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfd (older kernel, other OS, already reaped): poll
+        return
+    try:
+        select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+    finally:
+        os.close(fd)
 
 
 def wait() -> None:
     """Wait for the emission in flight, if any (the run is not over before its lineage is out)."""
     while _pending:
-        pid = _pending.pop(0)
-        try:
-            _, status = os.waitpid(pid, 0)
-        except ChildProcessError:  # already reaped (e.g. by a subprocess helper waiting for any child)
+        pid, args = _pending.pop(0)
+        timeout = _timeout()
+        why = _outcome(pid, time.monotonic() + timeout)
+        if why is None:
             continue
-        if os.waitstatus_to_exitcode(status) != 0:
-            log.warning("DataHub emission child %d ended with %s", pid, os.waitstatus_to_exitcode(status))
+        log.warning("DataHub emission child %d of stage %s %s (%s=%g s); emitting it again in this process",
+                    pid, getattr(args[0], "stage", "?"), why, TIMEOUT_ENV, timeout)
+        _emit_here(*args)
 
 
 def _detach_connections(runner: StageContext) -> None:
