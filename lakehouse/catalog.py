@@ -24,6 +24,69 @@ def _uri(settings: Settings) -> str:
     return uri
 
 
+_METADATA_CACHE_SIZE = 256
+_CATALOG_CLASS: type | None = None
+
+
+def _sql_catalog_class() -> type:
+    """SqlCatalog that parses each table metadata file once per process.
+
+    Every `load_table` still asks the catalog database for the table's current metadata location
+    (so a concurrent writer's commit is seen as before); only the file behind a location it has
+    already read is not read and parsed again. Iceberg never rewrites a metadata file in place: a
+    commit writes a new file and moves the pointer, so a location names one content for good. A run
+    loads the same few tables dozens of times between its own commits (refs before and after each
+    write, existence checks, snapshot summaries)."""
+    global _CATALOG_CLASS
+    if _CATALOG_CLASS is not None:
+        return _CATALOG_CLASS
+    from collections import OrderedDict
+
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.table import Table
+
+    class MetadataCachingSqlCatalog(SqlCatalog):
+        def __init__(self, name: str, **properties: str):
+            super().__init__(name, **properties)
+            self._metadata_by_location: OrderedDict = OrderedDict()
+            self._metadata_lock = threading.Lock()
+
+        def _remember(self, location: str, metadata) -> None:
+            with self._metadata_lock:
+                self._metadata_by_location[location] = metadata
+                self._metadata_by_location.move_to_end(location)
+                while len(self._metadata_by_location) > _METADATA_CACHE_SIZE:
+                    self._metadata_by_location.popitem(last=False)
+
+        def commit_table(self, table, requirements, updates):
+            # this process wrote the new file: its metadata is known without reading it back
+            response = super().commit_table(table, requirements, updates)
+            self._remember(response.metadata_location, response.metadata)
+            return response
+
+        def _convert_orm_to_iceberg(self, orm_table) -> Table:
+            location = orm_table.metadata_location
+            with self._metadata_lock:
+                metadata = self._metadata_by_location.get(location) if location else None
+                if metadata is not None:
+                    self._metadata_by_location.move_to_end(location)
+            if metadata is None or not orm_table.table_namespace or not orm_table.table_name:
+                table = super()._convert_orm_to_iceberg(orm_table)  # reads the file; raises as PyIceberg does
+                self._remember(location, table.metadata)
+                return table
+            return Table(
+                identifier=Catalog.identifier_to_tuple(orm_table.table_namespace) + (orm_table.table_name,),
+                metadata=metadata,
+                metadata_location=location,
+                io=self._load_file_io(metadata.properties, location),
+                catalog=self,
+            )
+
+    _CATALOG_CLASS = MetadataCachingSqlCatalog
+    return _CATALOG_CLASS
+
+
 def pyiceberg_catalog(settings: Settings):
     """A SqlCatalog with the same name and database as Spark's catalog; cached per (name, uri)."""
     uri = _uri(settings)
@@ -40,16 +103,14 @@ def pyiceberg_catalog(settings: Settings):
 def _open(settings: Settings, uri: str):
     """Open the SQL catalog; ride out an outage of its database, and a concurrent first start
     (two processes creating `iceberg_tables` at once: the loser sees "already exists")."""
-    from pyiceberg.catalog.sql import SqlCatalog
-
     from lakehouse import retry
     from lakehouse.errors import already_exists
     from lakehouse.outage import describe_url, install_connect_hook, ride_out
 
     def attempt():
         return retry.call(retry.CREATE_RACE,
-                          lambda: SqlCatalog(settings.catalog_name, uri=uri, warehouse=settings.warehouse,
-                                             pool_pre_ping="true"),
+                          lambda: _sql_catalog_class()(settings.catalog_name, uri=uri,
+                                                       warehouse=settings.warehouse, pool_pre_ping="true"),
                           what="creating the Iceberg catalog's tables", also=already_exists)
 
     cat = ride_out(attempt, database=describe_url(settings.catalog_uri), what="opening the Iceberg catalog",

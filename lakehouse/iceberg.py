@@ -236,14 +236,23 @@ class IcebergTables:
     @_rides_out
     def snapshot_summary(self, identifier: str, snapshot_id: int) -> dict[str, str]:
         if self.meta is not None:
-            snap = self._meta_table(identifier).metadata.snapshot_by_id(int(snapshot_id))
-            if snap is None or snap.summary is None:
-                return {}
-            return {**snap.summary.additional_properties, "operation": snap.summary.operation.value}
+            return _summary_of(self._meta_table(identifier).metadata, snapshot_id)
         rows = self.spark.sql(
             f"SELECT summary FROM {self.metadata_table(identifier, 'snapshots')} WHERE snapshot_id = {int(snapshot_id)}"
         ).collect()
         return dict(rows[0]["summary"]) if rows else {}
+
+    @_rides_out
+    def _new_head(self, identifier: str, branch: str, before: int | None) -> tuple[int | None, dict[str, str]]:
+        """The branch's snapshot after a write and, when the write moved it, that snapshot's summary
+        (one metadata load for both)."""
+        if self.meta is None:
+            after = self.snapshot_id(identifier, branch)
+            return after, (self.snapshot_summary(identifier, after) if after is not None and after != before else {})
+        metadata = self._meta_table(identifier).metadata
+        ref = metadata.refs.get(branch)
+        after = ref.snapshot_id if ref is not None else None
+        return after, (_summary_of(metadata, after) if after is not None and after != before else {})
 
     @_rides_out
     def ancestors(self, identifier: str, snapshot_id: int | None) -> list[int]:
@@ -388,8 +397,7 @@ class IcebergTables:
                 writer.overwritePartitions()
             else:
                 raise ValueError(f"unknown write mode {mode!r}")
-        after = self.snapshot_id(ident, branch)
-        summary = self.snapshot_summary(ident, after) if after is not None and after != before else {}
+        after, summary = self._new_head(ident, branch, before)
         rows = int(summary.get("added-records", 0))
         return WriteResult(ident, branch, after, rows, mode, summary)
 
@@ -464,6 +472,14 @@ class IcebergTables:
 
         engine = getattr(self.meta, "engine", None)
         return describe_url(engine.url.render_as_string(hide_password=True)) if engine is not None else self.catalog
+
+
+def _summary_of(metadata, snapshot_id: int) -> dict[str, str]:
+    """A snapshot's summary from PyIceberg table metadata ({} when the snapshot is not there)."""
+    snap = metadata.snapshot_by_id(int(snapshot_id))
+    if snap is None or snap.summary is None:
+        return {}
+    return {**snap.summary.additional_properties, "operation": snap.summary.operation.value}
 
 
 def _walk_parents(parent: dict[int, int | None], start: int) -> list[int]:
