@@ -24,19 +24,20 @@ def _uri(settings: Settings) -> str:
     return uri
 
 
-_METADATA_CACHE_SIZE = 256
+_METADATA_CACHE_TABLES = 1024
 _CATALOG_CLASS: type | None = None
 
 
 def _sql_catalog_class() -> type:
-    """SqlCatalog that parses each table metadata file once per process.
+    """SqlCatalog that keeps each table's current metadata, parsed, for the next load.
 
     Every `load_table` still asks the catalog database for the table's current metadata location
-    (so a concurrent writer's commit is seen as before); only the file behind a location it has
-    already read is not read and parsed again. Iceberg never rewrites a metadata file in place: a
+    (so a concurrent writer's commit is seen as before); only when that location is the one held
+    is the file not read and parsed again. Iceberg never rewrites a metadata file in place: a
     commit writes a new file and moves the pointer, so a location names one content for good. A run
     loads the same few tables dozens of times between its own commits (refs before and after each
-    write, existence checks, snapshot summaries)."""
+    write, existence checks, snapshot summaries). One entry per table (its latest location), so
+    a long-lived process holds no history of metadata versions."""
     global _CATALOG_CLASS
     if _CATALOG_CLASS is not None:
         return _CATALOG_CLASS
@@ -49,32 +50,35 @@ def _sql_catalog_class() -> type:
     class MetadataCachingSqlCatalog(SqlCatalog):
         def __init__(self, name: str, **properties: str):
             super().__init__(name, **properties)
-            self._metadata_by_location: OrderedDict = OrderedDict()
-            self._metadata_lock = threading.Lock()
+            # (namespace, table) -> (metadata location, its parsed TableMetadata)
+            self._current: OrderedDict[tuple[str, str], tuple[str, object]] = OrderedDict()
+            self._current_lock = threading.Lock()
 
-        def _remember(self, location: str, metadata) -> None:
-            with self._metadata_lock:
-                self._metadata_by_location[location] = metadata
-                self._metadata_by_location.move_to_end(location)
-                while len(self._metadata_by_location) > _METADATA_CACHE_SIZE:
-                    self._metadata_by_location.popitem(last=False)
+        def _remember(self, key: tuple[str, str], location: str, metadata) -> None:
+            with self._current_lock:
+                self._current[key] = (location, metadata)
+                self._current.move_to_end(key)
+                while len(self._current) > _METADATA_CACHE_TABLES:
+                    self._current.popitem(last=False)
 
         def commit_table(self, table, requirements, updates):
             # this process wrote the new file: its metadata is known without reading it back
             response = super().commit_table(table, requirements, updates)
-            self._remember(response.metadata_location, response.metadata)
+            ident = table.name()
+            self._remember((Catalog.namespace_to_string(ident[:-1]), ident[-1]), response.metadata_location,
+                           response.metadata)
             return response
 
         def _convert_orm_to_iceberg(self, orm_table) -> Table:
             location = orm_table.metadata_location
-            with self._metadata_lock:
-                metadata = self._metadata_by_location.get(location) if location else None
-                if metadata is not None:
-                    self._metadata_by_location.move_to_end(location)
-            if metadata is None or not orm_table.table_namespace or not orm_table.table_name:
+            key = (orm_table.table_namespace, orm_table.table_name)
+            with self._current_lock:
+                held = self._current.get(key)
+            if held is None or not location or held[0] != location:
                 table = super()._convert_orm_to_iceberg(orm_table)  # reads the file; raises as PyIceberg does
-                self._remember(location, table.metadata)
+                self._remember(key, location, table.metadata)
                 return table
+            metadata = held[1]
             return Table(
                 identifier=Catalog.identifier_to_tuple(orm_table.table_namespace) + (orm_table.table_name,),
                 metadata=metadata,
