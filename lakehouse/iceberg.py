@@ -226,9 +226,22 @@ class IcebergTables:
     @_rides_out
     def refs(self, identifier: str) -> dict[str, int]:
         if self.meta is not None:
-            return {name: ref.snapshot_id for name, ref in self._meta_table(identifier).metadata.refs.items()}
+            return _ref_ids(self._meta_table(identifier).metadata)
         rows = self.spark.sql(f"SELECT name, snapshot_id FROM {self.metadata_table(identifier, 'refs')}").collect()
         return {r["name"]: r["snapshot_id"] for r in rows}
+
+    @_rides_out
+    def refs_if_exists(self, identifier: str) -> dict[str, int] | None:
+        """`refs`, or None when the table does not exist: one metadata load for both questions."""
+        if self.meta is None:
+            return self.refs(identifier) if self.exists(identifier) else None
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            table = self._meta_table(identifier)
+        except NoSuchTableError:
+            return None
+        return _ref_ids(table.metadata)
 
     def snapshot_id(self, identifier: str, branch: str = MAIN) -> int | None:
         return self.refs(identifier).get(branch)
@@ -472,6 +485,11 @@ class IcebergTables:
 
         engine = getattr(self.meta, "engine", None)
         return describe_url(engine.url.render_as_string(hide_password=True)) if engine is not None else self.catalog
+
+
+def _ref_ids(metadata) -> dict[str, int]:
+    """branch or tag name -> snapshot id, from PyIceberg table metadata."""
+    return {name: ref.snapshot_id for name, ref in metadata.refs.items()}
 
 
 def _summary_of(metadata, snapshot_id: int) -> dict[str, str]:

@@ -94,15 +94,18 @@ def read_pinned(platform: Platform, identifier: str, snapshot_id: int | None, ta
 def pin_upstream(ctx: StageContext, plan: ExtractPlan, identifiers: list[str]) -> None:
     """Pin every upstream table at its current snapshot (a replica's, when recovery swapped it);
     a table this run pinned before keeps that pin, so one run reads one version of it."""
+    from lakehouse.iceberg import MAIN
+
     tables = ctx.platform.tables()
-    missing = [i for i in identifiers if not tables.exists(ctx.table_overrides.get(i, i))]
+    refs = {i: tables.refs_if_exists(ctx.table_overrides.get(i, i)) for i in identifiers}
+    missing = [i for i, r in refs.items() if r is None]
     if missing:  # e.g. its stage only ever quarantined files or skipped: nothing to read, not a failure
         plan.skipped_reason = (f"upstream {', '.join(sorted(missing))} does not exist yet: nothing has been "
                                "published to it (its stage skipped, quarantined all its input or has not run); "
                                "this stage runs once it has")
         ctx.audit("upstream_missing", outcome="skipped", message=plan.skipped_reason, details={"missing": missing})
         return
-    current = {ident: tables.snapshot_id(ctx.table_overrides.get(ident, ident)) for ident in identifiers}
+    current = {ident: r.get(MAIN) for ident, r in refs.items()}
     plan.upstream_snapshots = record(ctx.platform, ctx.run_id, current, ctx.table_overrides)
 
 

@@ -79,3 +79,18 @@ def test_our_own_commit_is_known_without_reading_it_back(catalogs, file_reads):
     assert file_reads == []
     assert loaded.metadata_location == table.metadata_location
     assert loaded.current_snapshot().summary["added-records"] == "3"
+
+
+def test_refs_if_exists_answers_existence_and_refs_in_one_load(catalogs, monkeypatch):
+    ours, other = catalogs
+    tables = IcebergTables(spark=lambda: pytest.fail("no Spark for metadata questions"), catalog="lake",
+                           meta_catalog=ours)
+    assert tables.refs_if_exists("bronze.t") is None
+    other.create_table("bronze.t", schema=pa.schema([("id", pa.int64())]))
+    assert tables.refs_if_exists("bronze.t") == {}  # no snapshot yet: exists, no main
+    other.load_table("bronze.t").append(pa.table({"id": [1]}))
+    loads = []
+    original = type(ours).load_table
+    monkeypatch.setattr(type(ours), "load_table", lambda self, ident: loads.append(ident) or original(self, ident))
+    assert tables.refs_if_exists("bronze.t") == {"main": other.load_table("bronze.t").current_snapshot().snapshot_id}
+    assert loads == ["bronze.t"]
