@@ -61,6 +61,15 @@ def _sql_catalog_class() -> type:
                 while len(self._current) > _METADATA_CACHE_TABLES:
                     self._current.popitem(last=False)
 
+        def load_table_from_storage(self, identifier) -> Table:
+            """`load_table` reading the metadata file even when it is the one held: a probe of
+            whether the table is available must see a storage outage (its files gone or
+            unreadable), which the held copy would hide."""
+            ident = Catalog.identifier_to_tuple(identifier)
+            with self._current_lock:
+                self._current.pop((Catalog.namespace_to_string(ident[:-1]), ident[-1]), None)
+            return self.load_table(identifier)
+
         def commit_table(self, table, requirements, updates):
             # this process wrote the new file: its metadata is known without reading it back
             response = super().commit_table(table, requirements, updates)

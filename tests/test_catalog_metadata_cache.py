@@ -94,3 +94,23 @@ def test_refs_if_exists_answers_existence_and_refs_in_one_load(catalogs, monkeyp
     monkeypatch.setattr(type(ours), "load_table", lambda self, ident: loads.append(ident) or original(self, ident))
     assert tables.refs_if_exists("bronze.t") == {"main": other.load_table("bronze.t").current_snapshot().snapshot_id}
     assert loads == ["bronze.t"]
+
+
+def test_an_availability_probe_reads_the_metadata_file_and_sees_it_gone(catalogs, tmp_path):
+    """Recovery reroutes a stage when its upstream does not load (a storage outage: metadata files
+    gone). The process's parsed copy would hide that, so the probe reads the file from storage."""
+    import re
+    import shutil
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from lakehouse.sources.iceberg import probe_table
+
+    ours, other = catalogs
+    other.create_table("bronze.t", schema=pa.schema([("id", pa.int64())])).append(pa.table({"id": [1]}))
+    platform = SimpleNamespace(pyiceberg_catalog=lambda: ours)
+    assert probe_table(platform, "bronze.t") == (True, "table bronze.t loads")
+    location = ours.load_table("bronze.t").metadata_location  # now held by the process
+    shutil.move(str(Path(re.sub(r"^file:(//)?", "", location)).parent), str(tmp_path / "away"))
+    ok, why = probe_table(platform, "bronze.t")
+    assert not ok and why.startswith("table bronze.t does not load: ")

@@ -15,9 +15,11 @@ if TYPE_CHECKING:
 
 
 def probe_table(platform: Platform, identifier: str) -> tuple[bool, str]:
-    """An Iceberg table is available as an upstream when it loads and has a current snapshot."""
+    """An Iceberg table is available as an upstream when it loads from storage (not from the
+    process's parsed copy of its metadata) and has a current snapshot."""
+    cat = platform.pyiceberg_catalog()
     try:
-        table = platform.pyiceberg_catalog().load_table(identifier)
+        table = getattr(cat, "load_table_from_storage", cat.load_table)(identifier)
     except Exception as exc:  # noqa: BLE001 - a probe reports, it never raises
         return False, f"table {identifier} does not load: {type(exc).__name__}: {exc}"
     if table.current_snapshot() is None:
