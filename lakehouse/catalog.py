@@ -65,18 +65,20 @@ def _sql_catalog_class() -> type:
             """`load_table` reading the metadata file even when it is the one held: a probe of
             whether the table is available must see a storage outage (its files gone or
             unreadable), which the held copy would hide."""
-            ident = Catalog.identifier_to_tuple(identifier)
             with self._current_lock:
-                self._current.pop((Catalog.namespace_to_string(ident[:-1]), ident[-1]), None)
+                self._current.pop(self._key(Catalog.identifier_to_tuple(identifier)), None)
             return self.load_table(identifier)
 
         def commit_table(self, table, requirements, updates):
             # this process wrote the new file: its metadata is known without reading it back
             response = super().commit_table(table, requirements, updates)
-            ident = table.name()
-            self._remember((Catalog.namespace_to_string(ident[:-1]), ident[-1]), response.metadata_location,
-                           response.metadata)
+            self._remember(self._key(table.name()), response.metadata_location, response.metadata)
             return response
+
+        @staticmethod
+        def _key(ident: tuple[str, ...]) -> tuple[str, str]:
+            """(namespace, table) as the catalog database's row names them, the cache's key."""
+            return Catalog.namespace_to_string(ident[:-1]), ident[-1]
 
         def _convert_orm_to_iceberg(self, orm_table) -> Table:
             location = orm_table.metadata_location
