@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import os
+import io
 import subprocess
-import sys
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import dagster as dg
@@ -18,8 +18,15 @@ DEMO = REPO / "metadata" / "demo"
 
 
 def cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(Path(sys.executable).with_name("lakehouse")), *argv], capture_output=True, text=True,
-                          env={**os.environ}, cwd=REPO, timeout=300)
+    """`lakehouse ARGV` through the CLI's own entry point, in this process: the same parser, commands
+    and exit codes as the installed script (which the slow lane runs), without a Python start and
+    the platform's imports per command (the fast lane's slowest test was six such processes)."""
+    from lakehouse.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(list(argv))
+    return subprocess.CompletedProcess(["lakehouse", *argv], code, out.getvalue(), err.getvalue())
 
 
 def test_dagster_assets_carry_sql_deps_and_column_lineage(settings):
