@@ -342,11 +342,10 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
             output_mappings=[dg.OutputMapping(graph_output_name=n, mapped_node_name=load.name,
                                               mapped_node_output_name=n) for n in ("result", *check_outs)],
         )
+    # the pipeline, the stage and the write mode are in the description (and the pipeline in a tag):
+    # not repeated as entries, which every client of a reload fetched again (1.4 MB at 1,000 pipelines)
     metadata = {
         "table": target.identifier,
-        "pipeline": stage.pipeline_id,
-        "stage": stage.stage_name,
-        "write_mode": target.write_mode,
         **({"transformation": dg.MetadataValue.md(f"```sql\n{stage.transformation.strip()}\n```")}
            if stage.transformation else {}),
         **({"transformation": f"python: {stage.python_transformation.function}"}

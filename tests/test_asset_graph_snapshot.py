@@ -146,3 +146,14 @@ def test_the_serialization_sees_a_metadata_change(demo_defs, tmp_path):
         {str(op_priority("low"))}
     assert {k: v for k, v in after.items() if k != "ops_by_asset"} == \
         {k: v for k, v in before.items() if k != "ops_by_asset"}
+
+
+def test_a_stage_asset_says_its_pipeline_stage_and_write_mode_once(demo_defs):
+    """The pipeline, the stage and the write mode are in the asset's description (the pipeline also in
+    its `lakehouse/pipeline` tag), not repeated as metadata entries, which every client fetches again
+    on every reload (issue 22)."""
+    spec = demo_defs.resolve_assets_def(dg.AssetKey(["silver", "user_events"])).specs_by_key[dg.AssetKey(["silver", "user_events"])]
+    assert "Pipeline `user_events_etl`, stage 2 `silver_clean`, write mode `overwrite`." in spec.description
+    assert spec.tags["lakehouse/pipeline"] == "user_events_etl"
+    assert spec.metadata["table"] == "silver.user_events" and "```sql" in spec.metadata["transformation"].value
+    assert not {"pipeline", "stage", "write_mode"} & set(spec.metadata)
