@@ -96,6 +96,9 @@ def test_new_runs_get_the_profile_active_now(tplatform):
     instance = dg.DagsterInstance.ephemeral()
     req = evaluate_tick(sched, instance=instance).run_requests[0]
     assert req.tags[PRIORITY_TAG] == after[PRIORITY_TAG] and req.tags[PROFILE_TAG] == "focus"
+    store.set_enabled("pipeline", "p_crit", False, by="test")  # the kill switch, read at each evaluation
+    tick = evaluate_tick(sched, instance=instance)
+    assert not tick.run_requests and "p_crit" in str(tick.skip_message)
 
 
 def test_retag_queued_runs_on_a_persistent_instance(tplatform, tmp_path, monkeypatch, dagster_daemon_factory):
