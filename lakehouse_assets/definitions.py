@@ -54,6 +54,37 @@ def _resources() -> dict:
             "iceberg_io_manager": IcebergIOManager(lakehouse=lakehouse, pyspark=pyspark)}
 
 
+def _wrapped(resources: dict) -> tuple[dict, dict]:
+    """(the top-level resources, what Dagster's `with_resources` binds to every asset) as
+    `Definitions` wraps them (dagster._core.definitions.definitions_class and
+    dagster._core.execution.with_resources): the same objects, wrapped once here so the stage assets
+    can be built bound to them."""
+    from dagster._core.definitions.job_definition import default_job_io_manager_with_fs_io_manager_schema
+    from dagster._core.definitions.utils import DEFAULT_IO_MANAGER_KEY
+    from dagster._core.execution.build_resources import wrap_resources_for_execution
+
+    top = wrap_resources_for_execution(resources)
+    return top, wrap_resources_for_execution({DEFAULT_IO_MANAGER_KEY: default_job_io_manager_with_fs_io_manager_schema,
+                                              **top})
+
+
+def _bind_once(asset: dg.AssetsDefinition) -> dg.AssetsDefinition:
+    """A stage asset built with its resources bound (`_wrapped`) answers `Definitions`' binding of
+    those same resources with itself, where Dagster copies every asset to bind them (a second
+    construction plus a requirements check per asset: a fifth of the build at 1,000 pipelines,
+    issue 22). Any other binding goes to Dagster's method. tests/test_derived_metadata.py checks the
+    repository, its snapshots and each asset's resources against Dagster's own binding."""
+    own = asset.resource_defs
+
+    def with_resources(resource_defs):
+        if resource_defs.keys() <= own.keys() and all(own[k] is v for k, v in resource_defs.items()):
+            return asset
+        return dg.AssetsDefinition.with_resources(asset, resource_defs)
+
+    asset.with_resources = with_resources
+    return asset
+
+
 @contextlib.contextmanager
 def _no_cyclic_gc():
     """Building thousands of definitions allocates millions of objects that all stay alive; the
@@ -105,9 +136,10 @@ def _build(platform: Platform, pipelines: Iterable[str] | None) -> dg.Definition
                     "`lakehouse metadata apply <dir>` (scripts/up.sh applies metadata/demo)",
                     ", ".join(structure.missing_tables))
     g = Graph(structure)
+    resources, for_assets = _wrapped(_resources())
     # One process per run, so one JVM per run: every asset of the run shares the SparkSession.
-    common = {"resources": _resources(), "executor": dg.in_process_executor}
-    mine = [a for assets in build_stage_assets(g, wanted).values() for a in assets]
+    common = {"resources": resources, "executor": dg.in_process_executor}
+    mine = [_bind_once(a) for assets in build_stage_assets(g, wanted, for_assets).values() for a in assets]
     if wanted is not None:
         # other pipelines' tables these stages read: loaded through the IO manager, not built
         return dg.Definitions(assets=[*mine, *upstream_specs(g, mine)], **common)

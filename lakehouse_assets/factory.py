@@ -283,7 +283,8 @@ def _input(name: str, kind: str) -> dg.InputDefinition:
     return d
 
 
-def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
+def build_stage_asset(g: Graph, stage: Stage, resource_defs: dict | None = None) -> dg.AssetsDefinition:
+    """`resource_defs`: bound here, once (definitions.py `_bind_once`), instead of by a copy of the asset."""
     key = g.key(stage)
     target = g.targets[stage.target_id]
     pipeline = g.pipelines[stage.pipeline_id]
@@ -382,6 +383,7 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
                                         **{f"dagster/kind/{k}": "" for k in STAGE_KINDS}}},
         owners_by_output_name={"result": owners} if owners else None,
         check_specs=specs,
+        resource_defs=resource_defs,
         **time_partitions(target),
     )
 
@@ -422,12 +424,13 @@ def build_source_specs(g: Graph, stages: list[Stage]) -> list[dg.AssetSpec]:
     return specs
 
 
-def build_stage_assets(g: Graph, pipelines: set[str] | None = None) -> dict[str, list[dg.AssetsDefinition]]:
+def build_stage_assets(g: Graph, pipelines: set[str] | None = None,
+                       resource_defs: dict | None = None) -> dict[str, list[dg.AssetsDefinition]]:
     """{pipeline_id: its stage assets}, of every pipeline or of `pipelines` only (a run's build)."""
     out: dict[str, list[dg.AssetsDefinition]] = {}
     for s in g.catalog.stages:
         if pipelines is None or s.pipeline_id in pipelines:
-            out.setdefault(s.pipeline_id, []).append(build_stage_asset(g, s))
+            out.setdefault(s.pipeline_id, []).append(build_stage_asset(g, s, resource_defs))
     return out
 
 

@@ -517,3 +517,47 @@ def test_code_server_serializes_each_reply_once_as_dagster_would(home, tmp_path)
         assert not server.ExternalJob(missing_job, None).serialized_job_data
     finally:
         server.cleanup()
+
+
+def test_stage_assets_bound_once_are_what_dagsters_binding_gives(home, monkeypatch):
+    """The stage assets are built bound to the resources `Definitions` binds and answer its binding
+    with themselves (`_bind_once`, no copy per asset). The repository, its snapshot for the UI,
+    the asset job's snapshot and each asset's resources equal what Dagster's own binding (a copy of
+    every asset through `AssetsDefinition.with_resources`) gives."""
+    from dagster._core.remote_representation.external_data import JobDataSnap, RepositorySnap
+    from dagster._serdes import serialize_value
+
+    from lakehouse_assets import definitions
+    from lakehouse_assets.factory import PIPELINES_JOB
+
+    store_of(home).apply(load_metadata(copies(home / "meta", 3)))
+    platform = Platform(load_settings(), store_of(home))
+    copied: list = []
+    real = dg.AssetsDefinition.with_resources
+
+    def counting(self, resource_defs):
+        copied.extend(self.keys)
+        return real(self, resource_defs)
+
+    monkeypatch.setattr(dg.AssetsDefinition, "with_resources", counting)
+
+    def built():
+        repo = definitions.build_definitions(platform).get_repository_def()
+        snap = serialize_value(RepositorySnap.from_def(repo, defer_snapshots=True))
+        job = serialize_value(JobDataSnap.from_job_def(repo.get_job(PIPELINES_JOB), include_parent_snapshot=True))
+        bound = {key: {k: type(r).__name__ for k, r in a.resource_defs.items()}
+                 for a in repo.asset_graph.assets_defs if a.is_executable for key in a.keys}
+        return snap, job, bound
+
+    ours = built()
+    stage_keys = {spec.key for a in definitions.build_definitions(platform).resolve_asset_graph().assets_defs
+                  for spec in a.specs if "lakehouse/pipeline" in (spec.tags or {})}
+    assert len(stage_keys) == 9 and not stage_keys & set(copied)  # no stage asset copied to bind resources
+    copied.clear()
+    monkeypatch.setattr(definitions, "_bind_once", lambda a: a)  # Dagster binds them, as without this
+    monkeypatch.setattr(definitions, "_wrapped", lambda resources: (resources, None))
+    dagsters = built()
+    assert stage_keys <= set(copied)
+    assert ours[0] == dagsters[0] and ours[1] == dagsters[1]
+    assert ours[2] == dagsters[2] and all(set(ours[2][k]) >= {"lakehouse", "pyspark", "iceberg_io_manager"}
+                                          for k in stage_keys)
