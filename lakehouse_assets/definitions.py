@@ -26,6 +26,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterable
 
 import dagster as dg
@@ -72,14 +73,18 @@ def _bind_once(asset: dg.AssetsDefinition) -> dg.AssetsDefinition:
     """A stage asset built with its resources bound (`_wrapped`) answers `Definitions`' binding of
     those same resources with itself, where Dagster copies every asset to bind them (a second
     construction plus a requirements check per asset: a fifth of the build at 1,000 pipelines,
-    issue 22). Any other binding goes to Dagster's method. tests/test_derived_metadata.py checks the
+    issue 22). Any other binding (`dg.materialize(assets, resources=...)`) gets what it got before:
+    Dagster's method on the asset without resources. tests/test_derived_metadata.py checks the
     repository, its snapshots and each asset's resources against Dagster's own binding."""
     own = asset.resource_defs
 
     def with_resources(resource_defs):
         if resource_defs.keys() <= own.keys() and all(own[k] is v for k, v in resource_defs.items()):
             return asset
-        return dg.AssetsDefinition.with_resources(asset, resource_defs)
+        with warnings.catch_warnings():  # Dagster's own copy passes its beta parameter too
+            warnings.simplefilter("ignore")
+            unbound = type(asset)(**{**asset.get_attributes_dict(), "resource_defs": {}})
+        return dg.AssetsDefinition.with_resources(unbound, resource_defs)
 
     asset.with_resources = with_resources
     return asset

@@ -553,6 +553,13 @@ def test_stage_assets_bound_once_are_what_dagsters_binding_gives(home, monkeypat
     stage_keys = {spec.key for a in definitions.build_definitions(platform).resolve_asset_graph().assets_defs
                   for spec in a.specs if "lakehouse/pipeline" in (spec.tags or {})}
     assert len(stage_keys) == 9 and not stage_keys & set(copied)  # no stage asset copied to bind resources
+    # another binding (dg.materialize(assets, resources=...)) replaces them, as for an unbound asset
+    stage = next(a for a in definitions.build_definitions(platform).assets if getattr(a, "keys", ()) and
+                 a.key in stage_keys)
+    other = {"lakehouse": dg.ResourceDefinition.hardcoded_resource(1),
+             "pyspark": dg.ResourceDefinition.hardcoded_resource(2), "iceberg_io_manager": dg.mem_io_manager}
+    [rebound] = dg.with_resources([stage], other)
+    assert all(rebound.resource_defs[k] is r for k, r in other.items()) and rebound is not stage
     copied.clear()
     monkeypatch.setattr(definitions, "_bind_once", lambda a: a)  # Dagster binds them, as without this
     monkeypatch.setattr(definitions, "_wrapped", lambda resources: (resources, None))
