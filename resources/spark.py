@@ -1,43 +1,52 @@
-"""Spark for Dagster via dagster-pyspark, configured for the Iceberg catalog the platform shares."""
+"""Spark for Dagster via dagster-pyspark, configured for the Iceberg catalog the platform shares.
+
+Neither this module nor the resource's setup imports pyspark or dagster-pyspark: a code server's
+import, an Arrow run and a step that needs no Spark (a load skipped by a kill switch, an entity_raw
+table check, the dashboard) never pay for them (issue 21: ~0.3 s of CPU per `lakehouse run`).
+dagster-pyspark's resource, and pyspark with it, is imported when a session is first asked for.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from dagster_pyspark import LazyPySparkResource
+import dagster as dg
+from pydantic import PrivateAttr
 
-from lakehouse.settings import Settings, load_settings
-from lakehouse.spark import get_spark, spark_conf
+from lakehouse.settings import load_settings
+from lakehouse.spark import spark_conf
 from resources.lakehouse import LakehouseResource
 
 
-class LakehouseSparkResource(LazyPySparkResource):
-    """dagster-pyspark's lazy PySpark resource whose session is the platform's process-wide one.
+class LakehouseSparkResource(dg.ConfigurableResource):
+    """The code location's Spark: dagster-pyspark's lazy resource whose session is the platform's
+    process-wide one, imported and built on first use.
 
-    Why a subclass and not `PySparkResource` as is: that resource builds its session eagerly when a
-    step's resources are set up, from its `spark_config` alone. Here a step must not start a JVM
-    it does not need (a load skipped by a kill switch, an entity_raw table check, the dashboard),
-    the session must be `lakehouse.spark`'s one per process (healing restarts it there; every
-    asset of the run shares it), and it needs what no Dagster config may hold or do: the catalog
-    password (resolved from the environment, never shown in the UI), the local Spark directories
-    and the SQLite catalog's connection pool. So the session is built on first use, by
-    `lakehouse.spark.get_spark` from `lakehouse`'s settings; `spark_config` is what the UI shows
-    (the same conf, no secrets).
+    Why not dagster-pyspark's resource as the resource itself: its class imports pyspark, so every
+    process that loads the code location would, Arrow runs included. This resource has the same
+    config (`spark_config`, what the UI shows: the session's conf without secrets) and hands the
+    session out through `resources.pyspark_session.PlatformPySparkResource`, a `LazyPySparkResource`.
     """
 
+    spark_config: dict[str, Any]
     lakehouse: LakehouseResource | None = None  # None: the environment's settings (as the CLI)
+    _delegate: Any = PrivateAttr(default=None)
 
-    def _settings(self) -> Settings:
-        return self.lakehouse.settings() if self.lakehouse is not None else load_settings()
+    def pyspark_resource(self) -> Any:
+        """dagster-pyspark's resource behind this one (imports pyspark; starts no JVM by itself)."""
+        if self._delegate is None:
+            from resources.pyspark_session import PlatformPySparkResource
 
-    def _init_session(self) -> None:
-        if self._spark_session is None or self._spark_session.sparkContext._jsc is None:
-            self._spark_session = get_spark(self._settings())
+            self._delegate = PlatformPySparkResource(spark_config=self.spark_config, lakehouse=self.lakehouse)
+        return self._delegate
 
     @property
     def spark_session(self) -> Any:
-        self._init_session()
-        return self._spark_session
+        return self.pyspark_resource().spark_session
+
+    @property
+    def spark_context(self) -> Any:
+        return self.spark_session.sparkContext
 
 
 def spark_resource(lakehouse: LakehouseResource | None = None) -> LakehouseSparkResource:

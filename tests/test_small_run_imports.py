@@ -2,9 +2,11 @@
 such a run's CPU is imports). In a fresh process, as a user's command runs: the run succeeds with
 every guarantee it has (audit log, the run summary, DataHub proposals written before it ends), and
 neither networkx nor acryl-datahub (its emission runs in a child, lakehouse.lineage.background; its
-ingestion framework and telemetry are not needed at all) are imported. (pyspark still is,
-without a JVM: `lakehouse.ingest.reconcile` uses its type classes as the schema model both engines
-share, and the code location's Spark resource is dagster-pyspark's.)"""
+ingestion framework and telemetry are not needed at all) are imported, nor is dagster-pyspark (the
+code location's Spark resource imports it when a step first asks for a session). pyspark itself
+still is, without a JVM: the files path of both engines (probe, `lakehouse.ingest.reconcile`)
+uses its type classes as its schema model. A code server's import of the definitions imports
+neither."""
 
 from __future__ import annotations
 
@@ -17,10 +19,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # two platform processes
-
 REPO = Path(__file__).resolve().parent.parent
-NOT_IMPORTED = ("networkx", "datahub.ingestion.graph.client", "mixpanel", "httpx")
+NOT_IMPORTED = ("networkx", "datahub.ingestion.graph.client", "mixpanel", "httpx", "dagster_pyspark")
 
 META = """
 pipelines: [{pipeline_id: small}]
@@ -43,12 +43,14 @@ SCRIPT = textwrap.dedent("""
     from lakehouse import cli
     code = cli.main(sys.argv[1:])
     print("MODULES " + json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in
-                                         ("networkx", "datahub", "mixpanel", "httpx"))))
+                                         ("networkx", "datahub", "mixpanel", "httpx",
+                                                                 "dagster_pyspark", "pyspark"))))
     sys.stdout.flush()
     cli.exit_without_teardown(code)
 """)
 
 
+@pytest.mark.slow  # two platform processes
 def test_an_arrow_run_imports_no_networkx_nor_datahub_ingestion(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
@@ -75,6 +77,8 @@ def test_an_arrow_run_imports_no_networkx_nor_datahub_ingestion(tmp_path):
     # lineage is still emitted with acryl-datahub (the proposals below), by a child beside the run
     # (lakehouse.lineage.background): the run's own process does not even import it
     assert not any(m.startswith("datahub") for m in modules), modules
+    # the guard above can fail: the run's files path does import pyspark's type classes
+    assert "pyspark.sql.types" in modules, modules
 
     from lakehouse.metadata.store import MetadataStore
 
@@ -86,3 +90,25 @@ def test_an_arrow_run_imports_no_networkx_nor_datahub_ingestion(tmp_path):
     assert len(files) == 1
     aspects = {p["aspectName"] for p in json.loads(files[0].read_text())}
     assert {"dataProcessInstanceProperties", "dataProcessInstanceRunEvent", "assertionRunEvent"} <= aspects
+
+
+def test_importing_the_definitions_imports_neither_pyspark_nor_dagster_pyspark(tmp_path):
+    """A code server (and every `lakehouse run`) imports the definitions; Spark's Python side is
+    imported by the first step that asks the Spark resource for a session, not before."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAKEHOUSE_", "DAGSTER_HOME"))}
+    env["LAKEHOUSE_HOME"] = str(tmp_path)
+    code = textwrap.dedent("""
+        import json, sys
+        import lakehouse_assets.definitions
+        from resources.spark import spark_resource
+        resource = spark_resource()
+        before = sorted(m for m in sys.modules if m.split(".")[0] in ("pyspark", "dagster_pyspark", "py4j"))
+        delegate = resource.pyspark_resource()
+        print(json.dumps([before, type(delegate).__mro__[1].__module__, resource.spark_config == delegate.spark_config]))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    before, base_module, same_conf = json.loads(done.stdout.strip().splitlines()[-1])
+    assert before == []
+    # the session, when asked for, comes from dagster-pyspark's lazy resource with the same conf
+    assert base_module == "dagster_pyspark.resources" and same_conf

@@ -1,0 +1,39 @@
+"""dagster-pyspark's lazy PySpark resource whose session is the platform's process-wide one.
+
+Imported only when a step asks `resources.spark.LakehouseSparkResource` for a session: this module
+imports dagster-pyspark and pyspark (no JVM until the session is built).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dagster_pyspark import LazyPySparkResource
+
+from lakehouse.settings import Settings, load_settings
+from lakehouse.spark import get_spark
+from resources.lakehouse import LakehouseResource
+
+
+class PlatformPySparkResource(LazyPySparkResource):
+    """Why a subclass and not `PySparkResource` as is: that resource builds its session eagerly when a
+    step's resources are set up, from its `spark_config` alone. Here a step must not start a JVM
+    it does not need, the session must be `lakehouse.spark`'s one per process (healing restarts it
+    there; every asset of the run shares it), and it needs what no Dagster config may hold or do:
+    the catalog password (resolved from the environment, never shown in the UI), the local Spark
+    directories and the SQLite catalog's connection pool. So the session is built on first use, by
+    `lakehouse.spark.get_spark` from `lakehouse`'s settings."""
+
+    lakehouse: LakehouseResource | None = None
+
+    def _settings(self) -> Settings:
+        return self.lakehouse.settings() if self.lakehouse is not None else load_settings()
+
+    def _init_session(self) -> None:
+        if self._spark_session is None or self._spark_session.sparkContext._jsc is None:
+            self._spark_session = get_spark(self._settings())
+
+    @property
+    def spark_session(self) -> Any:
+        self._init_session()
+        return self._spark_session
