@@ -3,7 +3,7 @@
 Dagster claims a pool slot with a SELECT of a free slot followed by an UPDATE that does not
 re-check it (SQLite has no `SELECT … FOR UPDATE SKIP LOCKED`), so two processes claiming the same
 pool in the same instant can both win its one slot. Measured here: four processes taking turns on
-a pool of limit 1 held it two at a time within seconds (`tests/test_dagster_storage_scripts.py`). The
+a pool of limit 1 held it two at a time within seconds (`tests/test_pools_headless.py`). The
 production storage (PostgreSQL, `deploy/dagster.yaml`) locks the row and needs nothing of this.
 
 `LakehouseSqliteStorage` is `DagsterSqliteStorage` (same files, same layout under `base_dir`) whose
