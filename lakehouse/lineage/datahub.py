@@ -30,7 +30,7 @@ from datahub.emitter import mce_builder as builder
 from datahub.emitter.mcp import MetadataChangeProposalWrapper
 from datahub.metadata import schema_classes as m
 
-from lakehouse.lineage.graph import STAGE_PREFIX, edges_into
+from lakehouse.lineage.graph import STAGE_PREFIX, Derived, edges_into, run_derivation
 from lakehouse.metadata.model import MetadataCatalog, Rule, Source, Stage, Target
 from lakehouse.sources import adapter_for
 from lakehouse.sources.jdbc import jdbc_platform
@@ -143,8 +143,10 @@ def _mcp(urn: str, aspect) -> MetadataChangeProposalWrapper:
 
 
 def dataset_mcps(platform: Platform | None, catalog: MetadataCatalog, dataset_id: str,
-                 schema_columns: list[tuple[str, str, bool]] | None = None) -> list[MetadataChangeProposalWrapper]:
-    """Properties, subtype, schema and upstream lineage (with column lineage) of one dataset."""
+                 schema_columns: list[tuple[str, str, bool]] | None = None, *,
+                 lineage: bool = True) -> list[MetadataChangeProposalWrapper]:
+    """Properties, subtype, schema and (unless `lineage` is false: a run emits its own) upstream
+    lineage with column lineage of one dataset."""
     urn = dataset_urn(catalog, dataset_id)
     if urn is None:
         return []
@@ -180,7 +182,7 @@ def dataset_mcps(platform: Platform | None, catalog: MetadataCatalog, dataset_id
         cols = schema_columns or [(c.name, c.type, c.nullable) for c in s.columns]
         if cols:
             out.append(_mcp(urn, schema_aspect(s.source_id, platform_name, cols)))
-    up = upstream_lineage(catalog, dataset_id)
+    up = upstream_lineage(catalog, dataset_id) if lineage else None
     if up is not None:
         out.append(_mcp(urn, up))
     return out
@@ -213,11 +215,12 @@ def _edge_query(catalog: MetadataCatalog, e) -> str | None:
     return query_urn(st)
 
 
-def upstream_lineage(catalog: MetadataCatalog, dataset_id: str,
-                     used_upstream: str | None = None) -> m.UpstreamLineageClass | None:
+def upstream_lineage(catalog: MetadataCatalog, dataset_id: str, used_upstream: str | None = None,
+                     derived: Derived | None = None) -> m.UpstreamLineageClass | None:
     """The default routes into a dataset (plus the upstream a rerouted run actually read); an edge
-    made by a SQL stage names that stage's Query entity."""
-    edges = [e for e in edges_into(catalog, dataset_id) if e.is_default or e.from_dataset_id == used_upstream]
+    made by a SQL stage names that stage's Query entity. `derived`: as for `edges_into`."""
+    edges = [e for e in edges_into(catalog, dataset_id, derived)
+             if e.is_default or e.from_dataset_id == used_upstream]
     ups = []
     for e in edges:
         u = dataset_urn(catalog, e.from_dataset_id)
@@ -229,14 +232,16 @@ def upstream_lineage(catalog: MetadataCatalog, dataset_id: str,
     return m.UpstreamLineageClass(upstreams=ups, fineGrainedLineages=fine_grained(catalog, edges) or None)
 
 
-def query_mcps(catalog: MetadataCatalog, stage: Stage) -> list[MetadataChangeProposalWrapper]:
+def query_mcps(catalog: MetadataCatalog, stage: Stage,
+               derived: Derived | None = None) -> list[MetadataChangeProposalWrapper]:
     """A SQL stage's statement as a DataHub Query entity (queryProperties, querySubjects) linked to
     the datasets it reads and writes, with the stage's DataJob as its origin."""
     if not stage.transformation:
         return []
     from lakehouse.lineage.graph import stage_upstreams
 
-    subjects = [u for u in (dataset_urn(catalog, d) for d in [*stage_upstreams(catalog, stage), stage.target_id]) if u]
+    ups = stage_upstreams(catalog, stage, (derived or {}).get((stage.pipeline_id, stage.stage_name)))
+    subjects = [u for u in (dataset_urn(catalog, d) for d in [*ups, stage.target_id]) if u]
     stamp = m.AuditStampClass(time=int(time.time() * 1000), actor=builder.make_user_urn("lakehouse"))
     props = m.QueryPropertiesClass(
         statement=m.QueryStatementClass(value=stage.transformation.strip(), language=m.QueryLanguageClass.SQL),
@@ -258,12 +263,14 @@ def flow_mcps(catalog: MetadataCatalog, pipeline_id: str) -> list[MetadataChange
     return list(flow.generate_mcp())
 
 
-def _datajob(catalog: MetadataCatalog, stage: Stage, used_upstream: str | None = None):
+def _datajob(catalog: MetadataCatalog, stage: Stage, used_upstream: str | None = None,
+             derived: Derived | None = None):
     from datahub.api.entities.datajob import DataJob
     from datahub.utilities.urns.data_flow_urn import DataFlowUrn
     from datahub.utilities.urns.dataset_urn import DatasetUrn
 
-    edges = [e for e in edges_into(catalog, stage.target_id) if e.is_default or e.from_dataset_id == used_upstream]
+    edges = [e for e in edges_into(catalog, stage.target_id, derived)
+             if e.is_default or e.from_dataset_id == used_upstream]
     inlets = [dataset_urn(catalog, e.from_dataset_id) for e in edges]
     out = dataset_urn(catalog, stage.target_id)
     return DataJob(
@@ -359,22 +366,23 @@ def history_mcps(platform: Platform, catalog: MetadataCatalog, limit: int = 10_0
 
 def run_mcps(runner: StageContext, outcome: StageOutcome | None, *, success: bool, started_ms: int,
              used_upstream: str | None = None, checks=None) -> list[MetadataChangeProposalWrapper]:
-    """One stage run: the target's schema and lineage, the job, its DataProcessInstance, check results."""
+    """One stage run: the target's schema and lineage, the job, its DataProcessInstance, check results.
+    A SQL stage's lineage comes from what apply stored for it when that is up to date (no SQL parsed)."""
     catalog, st = runner.catalog, runner.stage
+    derived = run_derivation(runner.platform.store, catalog, st)
     now = int(time.time() * 1000)
     out: list[MetadataChangeProposalWrapper] = []
     out.extend(flow_mcps(catalog, st.pipeline_id))
-    for up in {e.from_dataset_id for e in edges_into(catalog, st.target_id)}:
+    for up in {e.from_dataset_id for e in edges_into(catalog, st.target_id, derived)}:
         if up == used_upstream or catalog.stage_for_target(up) is None:
             out.extend(dataset_mcps(runner.platform, catalog, up))
-    ds = dataset_mcps(runner.platform, catalog, st.target_id)
-    lineage = upstream_lineage(catalog, st.target_id, used_upstream)
-    out.extend(x for x in ds if not isinstance(x.aspect, m.UpstreamLineageClass))
+    out.extend(dataset_mcps(runner.platform, catalog, st.target_id, lineage=False))
+    lineage = upstream_lineage(catalog, st.target_id, used_upstream, derived)
     if lineage is not None:
         out.append(_mcp(dataset_urn(catalog, st.target_id), lineage))
-    job = _datajob(catalog, st, used_upstream)
+    job = _datajob(catalog, st, used_upstream, derived)
     out.extend(job.generate_mcp(materialize_iolets=False))
-    out.extend(query_mcps(catalog, st))
+    out.extend(query_mcps(catalog, st, derived))
     out.extend(assertion_info_mcps(catalog, st))
     props = {"run_id": runner.run_id, "pipeline": st.pipeline_id, "stage": st.stage_name}
     if outcome is not None:

@@ -19,6 +19,7 @@ from lakehouse.lineage.graph import (
     edges_into,
     mark_availability,
     replicas,
+    run_derivation,
     stage_upstreams,
     sync,
 )
@@ -164,10 +165,12 @@ def sql_table_overrides(runner: StageContext) -> dict[str, str]:
     Iceberg table. Returns {identifier in the SQL: replacement identifier}; raises NoRecoveryPath
     when an unavailable table has no replacement. Stages with no other route are never probed."""
     catalog, st = runner.catalog, runner.stage
-    ups = [u for u in stage_upstreams(catalog, st) if any(t.target_id == u for t in catalog.targets)]
+    derived = run_derivation(runner.platform.store, catalog, st)  # what apply stored: no SQL parsed
+    ups = [u for u in stage_upstreams(catalog, st, derived.get((st.pipeline_id, st.stage_name)))
+           if any(t.target_id == u for t in catalog.targets)]
     # the edges into this stage's target only: deriving the whole graph parsed every pipeline's SQL
     # in every run (issue 22: 40 s of a one-pipeline run at 1,000 pipelines)
-    others = {e.from_dataset_id for e in edges_into(catalog, st.target_id) if e.from_dataset_id not in ups}
+    others = {e.from_dataset_id for e in edges_into(catalog, st.target_id, derived) if e.from_dataset_id not in ups}
     others |= {p.path_sequence[-2] for p in catalog.dataset_recovery_paths
                if p.dataset_id == st.target_id and not p.derived}
     if not ups or not (others - set(ups)):

@@ -32,7 +32,7 @@ from lakehouse.metadata.derive import (
     stage_inputs_hash,
     stage_upstreams,
 )
-from lakehouse.metadata.model import Entity, MetadataCatalog
+from lakehouse.metadata.model import Entity, MetadataCatalog, Stage
 from lakehouse.metadata.schema import TABLES, derived_stages
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,45 @@ def _to_row(d: StageDerivation, now: datetime) -> dict[str, Any]:
 
 def read_derived(conn: sa.Connection) -> dict[tuple[str, str], StageDerivation]:
     return {(r["pipeline_id"], r["stage_name"]): _from_row(r) for r in conn.execute(sa.select(derived_stages)).mappings()}
+
+
+def stored_derivations(store: MetadataStore, catalog: MetadataCatalog,
+                       stages: Iterable[Stage]) -> dict[tuple[str, str], StageDerivation]:
+    """What apply stored for `stages`, each only if it is up to date with the rows as stored now
+    (their inputs hash, over just the rows a stage's derivation reads): what a run asks of its own
+    stages instead of parsing their SQL again. A stage changed behind apply's back, or a control DB
+    without the table, is left out, and the caller derives that stage from its SQL as before."""
+    stages = list(stages)
+    keys = {(s.pipeline_id, s.stage_name): s for s in stages}
+    if not keys:
+        return {}
+    pids = {k[0] for k in keys}
+    tids = {s.target_id for s in stages} | {s.source_id for s in stages if s.source_id}
+    rule_sets = {s.validation_set_id for s in stages if s.validation_set_id}
+    st_t, tg_t, so_t, vr_t = (TABLES[s][0] for s in ("stages", "targets", "sources", "validation_rules"))
+    t = derived_stages
+    try:
+        with store.engine.connect() as conn:
+            stored = [r for r in conn.execute(sa.select(t).where(t.c.pipeline_id.in_(pids))).mappings()
+                      if (r["pipeline_id"], r["stage_name"]) in keys]
+            if not stored:
+                return {}
+            rows = {"stages": [r for r in conn.execute(sa.select(st_t).where(st_t.c.pipeline_id.in_(pids))).mappings()
+                               if (r["pipeline_id"], r["stage_name"]) in keys],
+                    "targets": list(conn.execute(sa.select(tg_t).where(tg_t.c.target_id.in_(tids))).mappings()),
+                    "sources": list(conn.execute(sa.select(so_t).where(so_t.c.source_id.in_(tids))).mappings()),
+                    "validation_rules": list(conn.execute(
+                        sa.select(vr_t).where(vr_t.c.rule_set_id.in_(rule_sets))).mappings()) if rule_sets else []}
+    except sa.exc.DBAPIError as exc:  # no derived_stages yet (a control DB apply has not upgraded)
+        log.debug("no stored derivations: %s", exc)
+        return {}
+    digests = digests_of(rows)
+    out = {}
+    for r in stored:
+        d = _from_row(r)
+        if d.inputs_hash == stage_inputs_hash(catalog, keys[d.key], digests):
+            out[d.key] = d
+    return out
 
 
 def read_baseline(conn: sa.Connection, catalog: MetadataCatalog) -> Baseline:
