@@ -171,11 +171,11 @@ class IcebergTables:
         `properties`: table properties the platform adds (the target's own win); an existing table
         gets those it lacks."""
         ident = target.identifier
-        self.ensure_namespace(target.namespace)
-        if self.exists(ident):
+        if self.exists(ident):  # then its namespace exists: no CREATE NAMESPACE statement for the JVM to plan
             if properties:
                 self.ensure_properties(ident, {k: v for k, v in properties.items() if k not in target.table_properties})
             return False
+        self.ensure_namespace(target.namespace)
         cols = ", ".join(f"{quote(f.name)} {ddl_type(f.dataType)}" for f in schema.fields)
         ddl = f"CREATE TABLE IF NOT EXISTS {self.qualified(ident)} ({cols}) USING iceberg"
         if target.partition_spec:

@@ -33,7 +33,7 @@ from lakehouse.core import (
     StageOutcome,
 )
 from lakehouse.export.warehouse import export_after_publish
-from lakehouse.iceberg import branch_name_for_run
+from lakehouse.iceberg import MAIN, branch_name_for_run
 from lakehouse.lineage.background import emit_stage_run
 from lakehouse.lineage.recovery import Reroute, extract_with_recovery, reroute
 from lakehouse.platform import Platform
@@ -108,7 +108,7 @@ class StageRunner(StageContext):
                            source_id=src.source_id if src else None)
         if adapter.plans_against_main:
             tables = self.platform.tables()  # read before anything is planned: later commits get checked
-            plan.main_at_plan = tables.snapshot_id(self.target.identifier) if tables.exists(self.target.identifier) else None
+            plan.main_at_plan = (tables.refs_if_exists(self.target.identifier) or {}).get(MAIN)
         adapter.plan(self, src, plan)
         return plan
 
@@ -169,7 +169,7 @@ class StageRunner(StageContext):
         outcome.extra.update(choice.metadata())
         require_enabled(self, "before load")
         outcome.extra.update(self.wap().tidy_branches(tables))
-        if tables.exists(self.target.identifier) and branch in tables.refs(self.target.identifier):
+        if branch in (tables.refs_if_exists(self.target.identifier) or {}):
             # a retry of this step (healing or a Dagster retry): start over, never append twice
             tables.drop_branch(self.target.identifier, branch)
         if plan.source_id and self.stage.source_id and plan.source_id != self.stage.source_id:
@@ -177,7 +177,7 @@ class StageRunner(StageContext):
         if plan.skipped_reason:
             outcome.skipped_reason = plan.skipped_reason
             outcome.published = True
-            outcome.snapshot_id = tables.snapshot_id(self.target.identifier) if tables.exists(self.target.identifier) else None
+            outcome.snapshot_id = (tables.refs_if_exists(self.target.identifier) or {}).get(MAIN)
             outcome.duration_s = time.monotonic() - t0
             return StagedLoad(plan, outcome)
         self.audit("stage_started", details={"plan": plan.details, "kind": plan.kind, **choice.metadata()})

@@ -115,7 +115,7 @@ class WriteAuditPublish:
         """This run's audit branches of the target and its quarantine table, with their commits."""
         tables = self.engine.tables(self.ctx.platform)
         for ident in (self.ctx.target.identifier, quarantine_identifier(self.ctx.target.identifier)):
-            if tables.exists(ident) and self.branch in tables.refs(ident):
+            if self.branch in (tables.refs_if_exists(ident) or {}):
                 drop_branch_and_commits(tables, ident, self.branch)
 
     def skip_disabled(self, reason: str) -> StageOutcome:

@@ -62,8 +62,7 @@ class AuditedWrite:
         self.created = False
         self.fork_snapshot: int | None = None
         # main when the run planned (None: no table yet); the publish checks what main committed after it
-        self.since = since if since != "now" else (tables.snapshot_id(self.ident)
-                                                   if tables.exists(self.ident) else None)
+        self.since = since if since != "now" else (tables.refs_if_exists(self.ident) or {}).get(MAIN)
         self.prepare_branch = prepare_branch  # e.g. entity_raw UPSERT's delete: the write then replaces data
         self.appends_only = prepare_branch is None
         self.previous_rows = self._total_records(MAIN)
@@ -88,9 +87,7 @@ class AuditedWrite:
 
     # ------------------------------------------------------------------ write
     def _total_records(self, branch: str) -> int | None:
-        if not self.tables.exists(self.ident):
-            return None
-        snap = self.tables.snapshot_id(self.ident, branch)
+        snap = (self.tables.refs_if_exists(self.ident) or {}).get(branch)  # one metadata load, not two
         if snap is None:
             return None
         return int(self.tables.snapshot_summary(self.ident, snap).get("total-records", 0))
