@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from lakehouse.iceberg import WriteResult, WriteSpec
+    from lakehouse.metadata.derive import StageDerivation
     from lakehouse.platform import Platform
     from lakehouse.validation.rules import CheckOutcome
 
@@ -248,6 +249,20 @@ class StageContext:
         # upstream tables handed in as asset inputs: loaders of the Dagster IO manager (reading the
         # run's pinned snapshots, lakehouse.pins), called only when a SQL or Python stage reads them
         self.upstream_frames: dict[str, Callable[[], DataFrame]] = {}
+        self._stored_derivation: dict[tuple[str, str], StageDerivation] | None = None  # stored_derivation()
+
+    def stored_derivation(self) -> dict[tuple[str, str], StageDerivation]:
+        """{(pipeline_id, stage_name): what apply stored} for this SQL stage when it is up to date with
+        the rows as stored now (`lakehouse.metadata.derived.stored_derivations`); {} otherwise, and the
+        lineage callers parse its SQL as before. Read once per step: the recovery check and the lineage
+        emission (a forked child inherits it) ask the same question."""
+        if not self.stage.transformation:
+            return {}  # nothing to parse
+        if self._stored_derivation is None:
+            from lakehouse.metadata.derived import stored_derivations
+
+            self._stored_derivation = stored_derivations(self.platform.store, self.catalog, [self.stage])
+        return self._stored_derivation
 
     @property
     def source(self) -> Source | None:

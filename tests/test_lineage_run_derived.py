@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from lakehouse.core import StageContext
-from lakehouse.lineage import datahub, graph, recovery
+from lakehouse.lineage import datahub, recovery
 from lakehouse.metadata.derived import stored_derivations
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore, derived_stages
@@ -71,7 +71,7 @@ def proposals(platform: Platform, stage: str) -> list[dict]:
 def parsed_proposals(platform: Platform, stage: str, monkeypatch) -> list[dict]:
     """The proposals as the run made them before: every stored derivation ignored, the SQL parsed."""
     with monkeypatch.context() as m:
-        m.setattr(datahub, "run_derivation", lambda *_a: {})
+        m.setattr(StageContext, "stored_derivation", lambda self: {})
         return proposals(platform, stage)
 
 
@@ -107,7 +107,7 @@ def test_a_stage_changed_behind_applys_back_is_parsed_again(platform, monkeypatc
     assert stored_derivations(platform.store, catalog, [gold]) == {}
     assert set(stored_derivations(platform.store, catalog, [catalog.stage(PIPELINE, "silver_clean")])) == {
         (PIPELINE, "silver_clean")}
-    assert graph.run_derivation(platform.store, catalog, gold) == {}
+    assert StageContext(platform, PIPELINE, "gold_aggregate", catalog=catalog).stored_derivation() == {}
     lineage = [p for p in proposals(platform, "gold_aggregate") if p["aspectName"] == "upstreamLineage"][0]
     cols = {f["downstreams"][0].rsplit(",", 1)[1].rstrip(")")
             for f in json.loads(lineage["aspect"]["value"])["fineGrainedLineages"]}

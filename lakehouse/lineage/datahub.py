@@ -30,7 +30,7 @@ from datahub.emitter import mce_builder as builder
 from datahub.emitter.mcp import MetadataChangeProposalWrapper
 from datahub.metadata import schema_classes as m
 
-from lakehouse.lineage.graph import STAGE_PREFIX, Derived, edges_into, run_derivation
+from lakehouse.lineage.graph import STAGE_PREFIX, Derived, edges_into
 from lakehouse.metadata.model import MetadataCatalog, Rule, Source, Stage, Target
 from lakehouse.sources import adapter_for
 from lakehouse.sources.jdbc import jdbc_platform
@@ -369,7 +369,7 @@ def run_mcps(runner: StageContext, outcome: StageOutcome | None, *, success: boo
     """One stage run: the target's schema and lineage, the job, its DataProcessInstance, check results.
     A SQL stage's lineage comes from what apply stored for it when that is up to date (no SQL parsed)."""
     catalog, st = runner.catalog, runner.stage
-    derived = run_derivation(runner.platform.store, catalog, st)
+    derived = runner.stored_derivation()
     now = int(time.time() * 1000)
     out: list[MetadataChangeProposalWrapper] = []
     out.extend(flow_mcps(catalog, st.pipeline_id))

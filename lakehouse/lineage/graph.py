@@ -144,36 +144,10 @@ def all_edges(catalog: MetadataCatalog, derived: Derived | None = None) -> list[
 def edges_into(catalog: MetadataCatalog, dataset_id: str, derived: Derived | None = None) -> list[DatasetLineage]:
     """`[e for e in all_edges(catalog) if e.to_dataset_id == dataset_id]`, deriving only the stage that
     writes `dataset_id`: what a stage's run asks about itself, at a cost that does not grow with the
-    number of pipelines. With that stage's row in `derived` (`run_derivation`), no SQL is parsed."""
+    number of pipelines. With that stage's row in `derived` (`StageContext.stored_derivation`), no SQL is parsed."""
     writer = catalog.stage_for_target(dataset_id)
     edges = _derived_edges(catalog, [writer] if writer is not None else [], derived or {})
     return _merge(edges, [e for e in catalog.dataset_lineage if e.to_dataset_id == dataset_id])
-
-
-_RUN_DERIVED: dict[int, tuple[MetadataCatalog, dict[tuple[str, str], StageDerivation]]] = {}
-
-
-def run_derivation(store, catalog: MetadataCatalog, stage: Stage) -> Derived:
-    """{(pipeline_id, stage_name): what apply stored} for a SQL stage's run, when up to date
-    (`lakehouse.metadata.derived.stored_derivations`); {} otherwise, and the callers parse its SQL as
-    before. Read once per catalog object (a step's) and stage: the recovery check, the pre-run check
-    and the lineage emission (a forked child inherits it) ask the same question."""
-    if not stage.transformation:
-        return {}  # nothing to parse
-    key = (stage.pipeline_id, stage.stage_name)
-    hit = _RUN_DERIVED.get(id(catalog))
-    if hit is None or hit[0] is not catalog:
-        if len(_RUN_DERIVED) > 16:
-            _RUN_DERIVED.clear()
-        hit = _RUN_DERIVED[id(catalog)] = (catalog, {})
-    memo = hit[1]
-    if key not in memo:
-        from lakehouse.metadata.derived import stored_derivations
-
-        memo.update(stored_derivations(store, catalog, [stage]))
-        memo.setdefault(key, None)
-    d = memo[key]
-    return {key: d} if d is not None else {}
 
 
 def _merge(derived: dict[tuple[str, str], DatasetLineage], explicit: Iterable[DatasetLineage]) -> list[DatasetLineage]:

@@ -19,7 +19,6 @@ from lakehouse.lineage.graph import (
     edges_into,
     mark_availability,
     replicas,
-    run_derivation,
     stage_upstreams,
     sync,
 )
@@ -165,7 +164,7 @@ def sql_table_overrides(runner: StageContext) -> dict[str, str]:
     Iceberg table. Returns {identifier in the SQL: replacement identifier}; raises NoRecoveryPath
     when an unavailable table has no replacement. Stages with no other route are never probed."""
     catalog, st = runner.catalog, runner.stage
-    derived = run_derivation(runner.platform.store, catalog, st)  # what apply stored: no SQL parsed
+    derived = runner.stored_derivation()  # what apply stored: no SQL parsed
     ups = [u for u in stage_upstreams(catalog, st, derived.get((st.pipeline_id, st.stage_name)))
            if any(t.target_id == u for t in catalog.targets)]
     # the edges into this stage's target only: deriving the whole graph parsed every pipeline's SQL
