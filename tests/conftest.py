@@ -16,6 +16,16 @@ from lakehouse.settings import load_settings
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Test JVMs live for seconds and see tiny data: C2's background compilation was half of each JVM's
+# CPU on the 2-core CI machine (a session start, six appends and a MERGE: 52 s of JVM CPU by
+# default, 25 s with C1 alone), and every `lakehouse run` a test starts is a new JVM. What the JVM
+# computes is the same either way; the platform's own settings (lakehouse.spark.spark_conf) and the
+# benchmarks are untouched. Set in the environment so the test's subprocesses inherit it.
+_TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+os.environ.setdefault("LAKEHOUSE_SPARK_CONF__spark.driver.extraJavaOptions",
+                      f"-Dderby.system.home=/tmp {_TEST_JVM_OPTIONS}")  # the first: lakehouse.spark's own
+os.environ.setdefault("LAKEHOUSE_SPARK_CONF__spark.executor.extraJavaOptions", _TEST_JVM_OPTIONS)
+
 # Every module in tests/fixtures/ is a fixture plugin (services: PostgreSQL, moto S3, DataHub GMS...).
 pytest_plugins = sorted(
     f"tests.fixtures.{p.stem}" for p in (Path(__file__).parent / "fixtures").glob("*.py") if p.stem != "__init__"
