@@ -84,9 +84,15 @@ def cmd_metadata(args) -> int:
         return 0
     # apply checks references against the merged catalog (a file may refer to rows already applied)
     loaded = load_metadata(args.path, check_refs=False)
+    from lakehouse.metadata.locations import touched_locations
+
+    before = platform.store.load()
     applied = platform.store.apply(loaded, replace=args.replace, live=_live_tables(platform.settings, readonly=True))
     derived = applied.pop("derived_stages", 0)
     print(f"applied {args.path} to {platform.store!r}: " + ", ".join(f"{n} {k}" for k, n in applied.items() if n))
+    touched = touched_locations(before, platform.store.load())
+    # what to reload (the UI's "Reload" on these locations, or `dagster dev` picks it up on restart)
+    print("code locations changed: " + (", ".join(sorted(touched)) if touched else "none (nothing to reload)"))
     print(f"derived: {derived} stage(s) derived again (SQL tables, column lineage, output columns, checks); the "
           "others were unchanged")
     from lakehouse.entity_raw import ensure_tables_at_startup
@@ -99,6 +105,19 @@ def cmd_metadata(args) -> int:
 
     routes = sync_lineage(platform.store)  # dataset_lineage holds every route; recovery paths recomputed
     print(f"lineage: {routes['dataset_lineage']} edge(s), {routes['dataset_recovery_paths']} recovery path(s)")
+    return 0
+
+
+def cmd_workspace(args) -> int:
+    """workspace.yaml naming every code location the control DB's pipelines are served by."""
+    from lakehouse.metadata.locations import code_locations, write_workspace
+
+    platform = Platform.from_env()
+    found = code_locations(platform.store)
+    out = Path(args.output)
+    write_workspace(out, found)
+    print(f"wrote {out}: {len(found)} code location(s): "
+          + ", ".join(f"{name} ({n} pipeline(s))" for name, n in sorted(found.items())))
     return 0
 
 
@@ -213,6 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
     rv.add_argument("-m", "--message", required=True)
     m.set_defaults(func=cmd_metadata)
 
+
+    w = sub.add_parser("workspace", help="write a workspace.yaml with one entry per code location of the pipelines "
+                                         "(`code_location`); `dagster dev -w <file>` loads them")
+    w.add_argument("--output", default="workspace.yaml")
+    w.set_defaults(func=cmd_workspace)
 
     d = sub.add_parser("demo", help="generate deterministic demo landing data")
     d.add_argument("--rows", type=int, default=200_000)

@@ -33,6 +33,7 @@ import dagster as dg
 
 from lakehouse.metadata.assets import PIPELINE_TAG, pipelines_of_paths
 from lakehouse.metadata.derived import read_structure
+from lakehouse.metadata.model import DEFAULT_CODE_LOCATION, check_ident
 from lakehouse.runner import Platform
 from lakehouse_assets.dashboard import dashboard_definitions
 from lakehouse_assets.entity_raw_assets import entity_raw_definitions
@@ -104,27 +105,33 @@ def _no_cyclic_gc():
             gc.enable()
 
 
-def build_definitions(platform: Platform | None = None, *, pipelines: Iterable[str] | None = None) -> dg.Definitions:
+def build_definitions(platform: Platform | None = None, *, pipelines: Iterable[str] | None = None,
+                      location: str | None = None) -> dg.Definitions:
     """Structural metadata (pipelines, stages, sources, targets) and the rows apply derived build
     the graph. `pipelines`: only these pipelines' stage assets (a run's build: no sensors,
-    schedules or other assets); a run of them is the implicit asset job with their assets selected."""
+    schedules or other assets); a run of them is the implicit asset job with their assets selected.
+    `location`: one code location's definitions (`Pipeline.code_location`): its pipelines' stage
+    assets, sources, arrivals and schedules, the tables they read from other locations as external
+    specs; the default location also holds what is not per pipeline (dashboard, entity_raw,
+    maintenance, the platform's sensors). None, or the default location when no pipeline names
+    another: everything, as before locations existed."""
     started = time.monotonic()
     with _no_cyclic_gc():
-        defs = _build(platform or LakehouseResource.from_settings().platform(), pipelines)
+        defs = _build(platform or LakehouseResource.from_settings().platform(), pipelines, location)
         # cached: the repository and its asset graph (which every user of the definitions asks for),
         # built here without the collector
         defs.resolve_asset_graph()
-    _trace(pipelines, defs, time.monotonic() - started)
+    _trace(pipelines, defs, time.monotonic() - started, location)
     return defs
 
 
-def _trace(pipelines: Iterable[str] | None, defs: dg.Definitions, seconds: float) -> None:
+def _trace(pipelines: Iterable[str] | None, defs: dg.Definitions, seconds: float, location: str | None = None) -> None:
     """LAKEHOUSE_DEFS_TRACE=<file>: one JSON line per build (process, what was built, how long): how an
     operator, the bench and the tests see what a code server or a run worker built."""
     path = os.environ.get("LAKEHOUSE_DEFS_TRACE")
     if not path:
         return
-    line = {"pid": os.getpid(), "pipelines": sorted(pipelines) if pipelines is not None else None,
+    line = {"pid": os.getpid(), "location": location, "pipelines": sorted(pipelines) if pipelines is not None else None,
             "stage_assets": sum(1 for a in defs.assets or [] if isinstance(a, dg.AssetsDefinition)
                                 and any("lakehouse/pipeline" in (spec.tags or {}) for spec in a.specs)),
             "jobs": sorted(j.name for j in defs.jobs or []), "seconds": round(seconds, 3),
@@ -133,9 +140,9 @@ def _trace(pipelines: Iterable[str] | None, defs: dg.Definitions, seconds: float
         f.write(json.dumps(line) + "\n")
 
 
-def _build(platform: Platform, pipelines: Iterable[str] | None) -> dg.Definitions:
+def _build(platform: Platform, pipelines: Iterable[str] | None, location: str | None = None) -> dg.Definitions:
     wanted = set(pipelines) if pipelines is not None else None
-    structure = read_structure(platform.store, wanted)
+    structure = read_structure(platform.store, wanted, location=location if wanted is None else None)
     if structure.missing_tables and not structure.catalog.stages:
         log.warning("the control DB has no metadata yet (%s): the code location is empty. Apply some with "
                     "`lakehouse metadata apply <dir>` (scripts/up.sh applies metadata/demo)",
@@ -144,19 +151,34 @@ def _build(platform: Platform, pipelines: Iterable[str] | None) -> dg.Definition
     resources, for_assets = _wrapped(_resources())
     # One process per run, so one JVM per run: every asset of the run shares the SparkSession.
     common = {"resources": resources, "executor": dg.in_process_executor}
-    mine = [_bind_once(a) for assets in build_stage_assets(g, wanted, for_assets).values() for a in assets]
+    served = structure.location_pipelines  # one code location of several: its pipelines (None: all of them)
+    built = build_stage_assets(g, wanted if wanted is not None else served, for_assets)
+    mine = [_bind_once(a) for assets in built.values() for a in assets]
     if wanted is not None:
         # other pipelines' tables these stages read: loaded through the IO manager, not built
         return dg.Definitions(assets=[*mine, *upstream_specs(g, mine)], **common)
     catalog = structure.catalog
+    own_stages = catalog.stages if served is None else [s for s in catalog.stages if s.pipeline_id in served]
+    sources = build_source_specs(g, own_stages)
+    if served is not None and (location or DEFAULT_CODE_LOCATION) != DEFAULT_CODE_LOCATION:
+        # a location of its own: its pipelines, their sources and arrivals; the tables they read from other
+        # locations are external specs here (materialized in their own location, shown as one asset in the UI)
+        return dg.Definitions(assets=[*sources, *mine, *upstream_specs(g, mine)],
+                              sensors=build_sensors(g, served, platform_loops=False),
+                              schedules=build_schedules(catalog, served), **common)
     dashboard = dashboard_definitions()
     raw = entity_raw_definitions(catalog)
     maint = maintenance_definitions(catalog)
+    shared = [*dashboard["assets"], *raw["assets"], *maint["assets"]]
+    elsewhere = []
+    if served is not None:  # the default location of several: what its stages read from the others
+        here = {k for a in [*sources, *mine, *shared] for k in getattr(a, "keys", None) or [a.key]}
+        elsewhere = [spec for spec in upstream_specs(g, mine) if spec.key not in here]
     return dg.Definitions(
-        assets=[*build_source_specs(g, catalog.stages), *mine, *dashboard["assets"], *raw["assets"], *maint["assets"]],
+        assets=[*sources, *mine, *elsewhere, *shared],
         jobs=[*dashboard["jobs"], *raw["jobs"], *maint["jobs"]],
-        sensors=[*build_sensors(g), *dashboard["sensors"], *raw["sensors"], build_run_summary_sensor()],
-        schedules=[*build_schedules(catalog), *raw["schedules"], *maint["schedules"]],
+        sensors=[*build_sensors(g, served), *dashboard["sensors"], *raw["sensors"], build_run_summary_sensor()],
+        schedules=[*build_schedules(catalog, served), *raw["schedules"], *maint["schedules"]],
         **common,
     )
 
@@ -194,8 +216,9 @@ class LakehouseRepositoryData(dg.RepositoryData):
     whole graph, so the code server, the UI and the `dagster` CLI see exactly what
     `build_definitions()` returns."""
 
-    def __init__(self, platform: Platform | None = None):
+    def __init__(self, platform: Platform | None = None, location: str | None = None):
         self._platform = platform
+        self._location = location
         self._lock = threading.RLock()
         self._full: dg.RepositoryDefinition | None = None
         self._subsets: dict[tuple, dg.JobDefinition] = {}
@@ -211,7 +234,8 @@ class LakehouseRepositoryData(dg.RepositoryData):
         with self._lock:
             if self._full is None:
                 with _no_cyclic_gc():
-                    self._full = build_definitions(self._get_platform()).get_repository_def()
+                    self._full = build_definitions(self._get_platform(), location=self._location
+                                                   ).get_repository_def()
                     self._full.load_all_definitions()  # jobs resolved, sensors and schedules checked: here, once
                 # long-lived from here on: later collections (the code server's snapshots, sensor ticks)
                 # need not traverse them again
@@ -472,10 +496,30 @@ if "dagster._grpc.server" in sys.modules:
     _share_serialized_replies()
 
 
-def lakehouse_repository(platform: Platform | None = None) -> dg.RepositoryDefinition:
-    return LakehouseRepository(REPOSITORY_NAME, repository_data=LakehouseRepositoryData(platform))
+def lakehouse_repository(platform: Platform | None = None, location: str | None = None) -> dg.RepositoryDefinition:
+    """The repository of one code location (None: the default one, `defs`); built on first need."""
+    return LakehouseRepository(REPOSITORY_NAME, repository_data=LakehouseRepositoryData(platform, location))
 
 
-defs = lakehouse_repository()
+defs = lakehouse_repository(location=DEFAULT_CODE_LOCATION)
+_by_location: dict[str, dg.RepositoryDefinition] = {}
+
+
+def __getattr__(name: str) -> dg.RepositoryDefinition:
+    """`location__<name>`: the repository of code location <name>, what a workspace entry written by
+    `lakehouse workspace` loads (Dagster's loader does `getattr(module, attribute)`; a run worker of
+    that location loads it the same way). Built lazily, once per process and location."""
+    prefix = "location__"
+    if not name.startswith(prefix):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    location = name[len(prefix):]
+    check_ident(location, "code location")  # a name the workspace can hold; raises ValueError naming it
+    if location == DEFAULT_CODE_LOCATION:
+        return defs
+    repo = _by_location.get(location)
+    if repo is None:
+        repo = _by_location[location] = lakehouse_repository(location=location)
+    return repo
+
 
 __all__ = ["build_definitions", "defs", "lakehouse_repository", "pipeline_job"]

@@ -12,9 +12,12 @@ from lakehouse.throughput.queue import instance_of, request_tags
 from lakehouse_assets.factory import PIPELINES_JOB, pipeline_selection
 
 
-def build_schedules(catalog: MetadataCatalog) -> list[dg.ScheduleDefinition]:
+def build_schedules(catalog: MetadataCatalog, pipelines: set[str] | None = None) -> list[dg.ScheduleDefinition]:
+    """Every pipeline's schedule, or those of `pipelines` (a code location's)."""
     schedules = []
     for p in catalog.pipelines:
+        if pipelines is not None and p.pipeline_id not in pipelines:
+            continue
         if not p.schedule or not catalog.stages_of(p.pipeline_id):
             continue
         schedules.append(_schedule(p.pipeline_id, p.schedule, p.timezone, pipeline_selection(catalog, p.pipeline_id)))

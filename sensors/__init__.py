@@ -12,7 +12,10 @@ from sensors.killswitch import build_killswitch_sensor
 from sensors.throughput import build_throughput_sensor
 
 
-def build_sensors(g: Graph) -> list[dg.SensorDefinition]:
-    arrivals = build_arrival_sensor(g)
-    return [*([arrivals] if arrivals is not None else []), build_throughput_sensor(), build_killswitch_sensor(),
-            *build_alert_sensors()]
+def build_sensors(g: Graph, pipelines: set[str] | None = None, *, platform_loops: bool = True
+                  ) -> list[dg.SensorDefinition]:
+    """`pipelines`: the arrivals of these pipelines only (a code location's); `platform_loops`: with the
+    platform's control loops (the default code location has them, the others do not)."""
+    arrivals = build_arrival_sensor(g, pipelines)
+    loops = [build_throughput_sensor(), build_killswitch_sensor(), *build_alert_sensors()] if platform_loops else []
+    return [*([arrivals] if arrivals is not None else []), *loops]

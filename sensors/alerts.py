@@ -30,14 +30,15 @@ def _report(context, platform: Platform, run: dg.DagsterRun, status: str, fallba
     return dg.SkipReason(f"alert {res.alert_id} for run {run.run_id[:8]}: sent {res.sent}, pending {res.pending}")
 
 
-@dg.run_failure_sensor(name=FAILURE_SENSOR, default_status=dg.DefaultSensorStatus.RUNNING,
+# every code location's runs (a platform split into locations, docs/operations.md): these live in the default one
+@dg.run_failure_sensor(name=FAILURE_SENSOR, default_status=dg.DefaultSensorStatus.RUNNING, monitor_all_code_locations=True,
                        description="A failed run becomes an alert to the channels of `alert_channels`.")
 def run_failure_alerts(context: dg.RunFailureSensorContext, lakehouse: LakehouseResource):
     return _report(context, lakehouse.platform(), context.dagster_run, "FAILURE", context.failure_event.message or "run failed")
 
 
 @dg.run_status_sensor(run_status=dg.DagsterRunStatus.CANCELED, name=CANCELED_SENSOR,
-                      default_status=dg.DefaultSensorStatus.RUNNING,
+                      default_status=dg.DefaultSensorStatus.RUNNING, monitor_all_code_locations=True,
                       description="A killed (cancelled / terminated) run becomes an alert.")
 def run_canceled_alerts(context: dg.RunStatusSensorContext, lakehouse: LakehouseResource):
     run = context.dagster_run

@@ -55,9 +55,9 @@ class Watched:
         return f"{self.pipeline_id}.{self.stage_name}"
 
 
-def watched_stages(g: Graph) -> list[Watched]:
-    """Every stage reading a files/s3 source directly, with its stage and what follows it in its
-    pipeline (through the pipeline's own deps)."""
+def watched_stages(g: Graph, pipelines: set[str] | None = None) -> list[Watched]:
+    """Every stage (of `pipelines`, a code location's, when given) reading a files/s3 source directly,
+    with its stage and what follows it in its pipeline (through the pipeline's own deps)."""
     out = []
     stages_of: dict[str, list] = {}
     for st in g.catalog.stages:
@@ -65,6 +65,8 @@ def watched_stages(g: Graph) -> list[Watched]:
     for st in g.catalog.stages:
         src = g.sources.get(st.source_id or "")
         if src is None or src.kind not in ("files", "s3") or st.transformation:
+            continue
+        if pipelines is not None and st.pipeline_id not in pipelines:
             continue
         keys = [g.key(st)]
         mine = {g.key(s): s for s in stages_of[st.pipeline_id]}
@@ -159,10 +161,10 @@ def evaluate(context: dg.SensorEvaluationContext, platform: Platform, watched: S
                            asset_events=observations)
 
 
-def build_arrival_sensor(g: Graph) -> dg.SensorDefinition | None:
-    """The one arrival sensor, targeting the asset job (each run selects its stages); None when no
-    stage reads files."""
-    watched = watched_stages(g)
+def build_arrival_sensor(g: Graph, pipelines: set[str] | None = None) -> dg.SensorDefinition | None:
+    """The one arrival sensor (of a code location: of its `pipelines`), targeting the asset job (each run
+    selects its stages); None when no stage reads files."""
+    watched = watched_stages(g, pipelines)
     if not watched:
         return None
 

@@ -32,7 +32,7 @@ from lakehouse.metadata.derive import (
     stage_inputs_hash,
     stage_upstreams,
 )
-from lakehouse.metadata.model import Entity, MetadataCatalog, Stage
+from lakehouse.metadata.model import DEFAULT_CODE_LOCATION, Entity, MetadataCatalog, Stage
 from lakehouse.metadata.schema import TABLES, derived_stages
 
 log = logging.getLogger(__name__)
@@ -189,14 +189,21 @@ class Structure:
     #: stages whose stored derivation was missing or out of date, derived in memory for this load
     derived_here: list[tuple[str, str]] = field(default_factory=list)
     missing_tables: list[str] = field(default_factory=list)
+    #: read for one code location (`read_structure(location=...)`): the pipelines it serves; None: every
+    #: pipeline (the only location there is)
+    location_pipelines: set[str] | None = None
 
 
-def read_structure(store: MetadataStore, pipelines: Iterable[str] | None = None) -> Structure:
+def read_structure(store: MetadataStore, pipelines: Iterable[str] | None = None, *,
+                   location: str | None = None) -> Structure:
     """The structural metadata and the derived rows, read in one connection. Creates and writes
     nothing: a control DB without the tables reads as empty (apply creates them).
 
     `pipelines`: only what these pipelines' stages need (their stages, the targets and sources they
     name, the stages producing the tables they read), for a run that builds one pipeline.
+    `location`: a code location's pipelines (`Pipeline.code_location`), scoped like `pipelines`; the
+    default location reads everything (it also serves what is not per pipeline) and names its
+    pipelines in `location_pipelines`, None when every pipeline is in it (the one location there is).
     """
     from lakehouse.sqlite_files import sqlite_path
 
@@ -211,6 +218,13 @@ def read_structure(store: MetadataStore, pipelines: Iterable[str] | None = None)
                        } if derived_stages.name in have else {}
     missing = [t for t in (*STRUCTURE_SECTIONS, derived_stages.name) if t not in have]
     wanted = set(pipelines) if pipelines is not None else None
+    served: set[str] | None = None
+    if location is not None and wanted is None:
+        served, split = _served_by(rows.get("pipelines", ()), location)
+        if location != DEFAULT_CODE_LOCATION:
+            wanted = served
+        elif not split:
+            served = None
     if wanted is not None:
         rows = _scoped(rows, raw_derived, wanted)
     in_scope = {(r["pipeline_id"], r["stage_name"]) for r in rows.get("stages", ())}
@@ -235,7 +249,18 @@ def read_structure(store: MetadataStore, pipelines: Iterable[str] | None = None)
                     "`lakehouse metadata apply`, or stored by an older version): derived them while loading (%s). "
                     "Run `lakehouse metadata derive` to store them, so loading parses no SQL.", len(here),
                     ", ".join(".".join(k) for k in here[:10]) + (" …" if len(here) > 10 else ""))
-    return Structure(catalog, derived, here, missing)
+    return Structure(catalog, derived, here, missing, served)
+
+
+def _served_by(pipelines: Iterable[Mapping[str, Any]], location: str) -> tuple[set[str], bool]:
+    """(the pipelines `location` serves, whether any pipeline is in another location)."""
+    served, split = set(), False
+    for r in pipelines:
+        if (r.get("code_location") or DEFAULT_CODE_LOCATION) == location:
+            served.add(r["pipeline_id"])
+        else:
+            split = True
+    return served, split
 
 
 def _scoped(rows: dict[str, list[Mapping[str, Any]]], stored: Mapping[tuple[str, str], Mapping[str, Any]],

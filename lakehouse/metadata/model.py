@@ -12,11 +12,14 @@ import re
 from datetime import date, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 # Identifiers end up in Iceberg table names, Dagster keys and pool names: keep them boring.
 IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,127}$")
+
+# The code location of every pipeline without `code_location` (workspace.yaml's one entry, `defs`).
+DEFAULT_CODE_LOCATION = "lakehouse"
 
 Layer = Literal["bronze", "silver", "gold", "entity_raw"]
 LAYERS: tuple[str, ...] = ("bronze", "silver", "gold", "entity_raw")
@@ -64,8 +67,24 @@ class Pipeline(Entity):
     schedule: str | None = Field(default=None, description="cron expression for the pipeline's schedule")
     timezone: str = "UTC"
     tags: dict[str, str] = Field(default_factory=dict)
+    code_location: str | None = Field(
+        default=None, description="the Dagster code location serving this pipeline's assets, sensors and schedules "
+        f"(an identifier; unset: the default location {DEFAULT_CODE_LOCATION!r}). Splitting 1,000 pipelines over "
+        "several locations lets a reload rebuild only the changed one; `lakehouse workspace` writes the "
+        "workspace.yaml naming every location (docs/operations.md)")
 
     _v_id = field_validator("pipeline_id")(lambda cls, v: check_ident(v, "pipeline_id"))
+
+    @field_validator("code_location")
+    @classmethod
+    def _location(cls, v: str | None, info: ValidationInfo) -> str | None:
+        # the name becomes a workspace entry and a module attribute: an identifier, said with its pipeline
+        return None if v is None else check_ident(v, f"code_location of pipeline {info.data.get('pipeline_id')!r}:")
+
+    @property
+    def location(self) -> str:
+        """The code location serving this pipeline (the default one when unset)."""
+        return self.code_location or DEFAULT_CODE_LOCATION
 
     @field_validator("schedule")
     @classmethod
