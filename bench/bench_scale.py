@@ -15,7 +15,8 @@ small pipeline that runs. For each N, in its own LAKEHOUSE_HOME:
   tick       one evaluation of the arrival sensor over the N sources (one new file in one of them)
   run        `lakehouse run <pipeline 0>` on a fresh 100-row file: the whole process, Spark included
   ui         (--ui) `dagster dev` on the home: start-up, a reload after an apply until the change is
-             visible, and the render time of the global lineage page, the `silver` group page
+             visible (with --locations K > 1: the workspace of K code locations, reloading pipeline 0's
+             alone; the CPU of every process of dagster dev during it; their memory), and the render time of the global lineage page, the `silver` group page
              (N assets) and the asset catalog (4N+ assets) in headless Chromium
 
 Timed steps run in fresh processes and are interleaved across N (round 1 of every N, then round
@@ -61,8 +62,16 @@ def pipeline_id(i: int) -> str:
     return f"user_events_etl_{i:04d}"
 
 
-def generate(out: Path, n: int) -> None:
-    """The demo pipeline copied n times (same rules), SQL in one file per stage."""
+def location_of(i: int, locations: int) -> str | None:
+    """Pipeline i's code location, round-robin over `locations`: pipeline 0 (the one changed and
+    reloaded) in the default one, which also holds what is not per pipeline: the heaviest."""
+    k = i % locations
+    return None if k == 0 else f"loc_{k:02d}"
+
+
+def generate(out: Path, n: int, locations: int = 1) -> None:
+    """The demo pipeline copied n times (same rules), SQL in one file per stage, over `locations`
+    code locations."""
     demo = yaml.safe_load((REPO / "metadata" / "demo" / "user_events.yaml").read_text())
     silver = (REPO / "metadata" / "demo" / "sql" / "silver_user_events.sql").read_text()
     gold = (REPO / "metadata" / "demo" / "sql" / "gold_daily_user_events.sql").read_text()
@@ -72,6 +81,8 @@ def generate(out: Path, n: int) -> None:
     for i in range(n):
         s = f"{i:04d}"
         p = dict(demo["pipelines"][0], pipeline_id=pipeline_id(i))
+        if location_of(i, locations):
+            p["code_location"] = location_of(i, locations)
         src = dict(demo["sources"][0], source_id=f"user_events_raw_{s}", path=f"user_events_{s}")
         doc["pipelines"].append(p)
         doc["sources"].append(src)
@@ -194,10 +205,10 @@ def child_json(code: str, env: dict[str, str], *args: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def prepare(work: Path, n: int) -> tuple[Path, Path, dict]:
+def prepare(work: Path, n: int, locations: int = 1) -> tuple[Path, Path, dict]:
     home = work / f"n{n}"
     meta = home / "metadata"
-    generate(meta, n)
+    generate(meta, n, locations)
     (home / "dagster_home").mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "deploy" / "dagster.dev.yaml", home / "dagster_home" / "dagster.yaml")
     for i in range(n):  # every landing zone exists (the tick lists them all)
@@ -241,8 +252,31 @@ def ratio(vals: list[tuple[float, float]], base: list[tuple[float, float]]) -> s
     return f"{w:.2f}x ({c:.2f}x)"
 
 
-def ui_step(home: Path, env: dict, n: int, page_timeout: int = 600) -> dict[str, float]:
-    """dagster dev on the home: start-up, reload after an apply, page renders in headless Chromium."""
+def group_usage(pgid: int) -> tuple[float, float, int]:
+    """(CPU s, RSS MB, processes) of the live processes of a process group (dagster dev: the webserver,
+    the daemon, the code servers), from /proc."""
+    tick, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+    cpu = rss = 0.0
+    count = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+            cpu += (int(fields[11]) + int(fields[12])) / tick
+            rss += int((d / "statm").read_text().split()[1]) * page / 2**20
+            count += 1
+        except (OSError, IndexError, ValueError):
+            continue
+    return cpu, rss, count
+
+
+def ui_step(home: Path, env: dict, n: int, page_timeout: int = 600, locations: int = 1) -> dict[str, float]:
+    """dagster dev on the home: start-up, reload after an apply, page renders in headless Chromium.
+    With several code locations: the workspace `lakehouse workspace` writes, and the reload of pipeline
+    0's location only (what `metadata apply` reports as changed)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
@@ -254,8 +288,13 @@ def ui_step(home: Path, env: dict, n: int, page_timeout: int = 600) -> dict[str,
     trace = home / "defs_trace.jsonl"  # one line per definitions build, by process (definitions._trace)
     env = dict(env, LAKEHOUSE_DEFS_TRACE=str(trace))
     log = (home / "dagster_dev.log").open("w")
+    workspace = REPO / "workspace.yaml"
+    if locations > 1:
+        workspace = home / "workspace.yaml"
+        print("  " + timed([LAKEHOUSE, "workspace", "--output", str(workspace)], env)[2].strip()[:300], flush=True)
+    where = "lakehouse"  # pipeline 0's location (location_of)
     t0 = time.monotonic()
-    proc = subprocess.Popen([str(Path(PY).with_name("dagster")), "dev", "-w", str(REPO / "workspace.yaml"),
+    proc = subprocess.Popen([str(Path(PY).with_name("dagster")), "dev", "-w", str(workspace),
                              "-h", "127.0.0.1", "-p", str(port)], cwd=REPO, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -278,9 +317,13 @@ def ui_step(home: Path, env: dict, n: int, page_timeout: int = 600) -> dict[str,
         next(s for s in doc["stages"] if s["pipeline_id"] == pipeline_id(0) and s["layer"] == "silver")[
             "description"] = marker
         meta.write_text(yaml.safe_dump(doc, sort_keys=False))
-        timed([LAKEHOUSE, "metadata", "apply", str(meta)], env)
+        applied = timed([LAKEHOUSE, "metadata", "apply", str(meta)], env)[2]
+        print("  " + next((line for line in applied.splitlines() if "code locations" in line), "?"), flush=True)
+        cpu0, rss0, procs0 = group_usage(proc.pid)
+        out["memory before reload (MB)"], out["processes"] = rss0, procs0
         t1, t1_clock = time.monotonic(), time.time()
-        gql('mutation { reloadRepositoryLocation(repositoryLocationName: "lakehouse") { __typename } }')
+        gql("mutation($name: String!) { reloadRepositoryLocation(repositoryLocationName: $name) { __typename } }",
+            {"name": where})
         mutation = time.monotonic() - t1  # the mutation returns once the code server has reloaded
         query = ('{ assetNodeOrError(assetKey: {path: ["silver", "user_events_0000"]}) '
                  '{ ... on AssetNode { description } } }')
@@ -289,6 +332,8 @@ def ui_step(home: Path, env: dict, n: int, page_timeout: int = 600) -> dict[str,
                 raise TimeoutError("the reload never showed the change")
             time.sleep(0.5)
         out["reload"] = time.monotonic() - t1
+        cpu1, rss1, _ = group_usage(proc.pid)
+        out["reload CPU, all processes"] = cpu1 - cpu0
         out["reload mutation"] = mutation
         builds = [json.loads(line) for line in trace.read_text().splitlines()]
         whole = [b for b in builds if b["pipelines"] is None]
@@ -300,8 +345,8 @@ def ui_step(home: Path, env: dict, n: int, page_timeout: int = 600) -> dict[str,
         print(f"  ui N={n}: whole-graph builds since start, by process: "
               + ", ".join(f"pid {b['pid']} {b['seconds']:.1f} s" for b in whole), flush=True)
         # the group holds every silver asset (the page draws the ones in view): counted from the API
-        count = len(gql('{ assetNodes(group: {groupName: "silver", repositoryName: "__repository__", '
-                        'repositoryLocationName: "lakehouse"}) { id } }')["assetNodes"])
+        count = len({tuple(a["assetKey"]["path"]) for a in gql('{ assetNodes { assetKey { path } } }')["assetNodes"]
+                     if a["assetKey"]["path"][0] == "silver"})
         if count != n:
             raise RuntimeError(f"the silver group holds {count} assets, not {n}")
         with sync_playwright() as pw:
@@ -344,12 +389,19 @@ def ui_step(home: Path, env: dict, n: int, page_timeout: int = 600) -> dict[str,
     return out
 
 
+def unit(key: str) -> str:
+    return "" if "(MB)" in key or key == "processes" else " s"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1,100,1000")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip", default="", help=f"comma-separated steps to leave out, of {', '.join(STEPS)}")
     ap.add_argument("--ui", action="store_true", help="also time dagster dev and the pages in headless Chromium")
+    ap.add_argument("--locations", type=int, default=None,
+                    help="code locations the pipelines are spread over, round-robin (default with --ui: 10 at "
+                         "N >= 1000, else 1; 1 is the single location of before)")
     ap.add_argument("--page-timeout", type=int, default=600, help="seconds a UI page may take to show its asset")
     ap.add_argument("--keep", action="store_true", help="keep the homes (printed) for a look afterwards")
     args = ap.parse_args()
@@ -360,10 +412,11 @@ def main() -> None:
     notes: dict[int, dict] = {}
     try:
         homes = {}
+        locs = {n: args.locations or (10 if args.ui and n >= 1000 else 1) for n in sizes}
         for n in sizes:
-            homes[n] = prepare(work, n)
+            homes[n] = prepare(work, n, locs[n])
             home, meta, env = homes[n]
-            print(f"N={n}: {n} pipelines, {4 * n} assets under {home}", flush=True)
+            print(f"N={n}: {n} pipelines, {4 * n} assets in {locs[n]} code location(s) under {home}", flush=True)
             res[("apply", n)] = [apply_step(meta, env)]  # into an empty control DB: once
             print(f"  apply {fmt(res[('apply', n)])}", flush=True)
         for r in range(args.repeat):
@@ -390,8 +443,8 @@ def main() -> None:
         if args.ui:
             for n in sizes:
                 home, _, env = homes[n]
-                ui[n] = ui_step(home, env, n, args.page_timeout)
-                print(f"  ui N={n}: " + ", ".join(f"{k} {v:.1f} s" for k, v in ui[n].items()), flush=True)
+                ui[n] = ui_step(home, env, n, args.page_timeout, locs[n])
+                print(f"  ui N={n}: " + ", ".join(f"{k} {v:.1f}{unit(k)}" for k, v in ui[n].items()), flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -409,10 +462,11 @@ def main() -> None:
         cells = [fmt(res.get((step, n), [])) for n in sizes]
         ratios = [ratio(res.get((step, n), []), res[(step, base)]) for n in sizes[1:]]
         print(f"| {step} | " + " | ".join(cells) + " | " + " | ".join(ratios) + f" | {GOALS.get(step, '')} |")
-    for key in ("reload", "reload mutation", "reload: new code server built", "reload: its build", "ui start", "lineage page", "silver group page", "silver group list",
-                "asset catalog"):
+    for key in ("reload", "reload mutation", "reload: new code server built", "reload: its build",
+                "reload CPU, all processes", "memory before reload (MB)", "processes", "ui start", "lineage page",
+                "silver group page", "silver group list", "asset catalog"):
         if ui:
-            print(f"| {key} | " + " | ".join(f"{ui[n].get(key, float('nan')):.1f} s" for n in sizes) + " | "
+            print(f"| {key} | " + " | ".join(f"{ui[n].get(key, float('nan')):.1f}{unit(key)}" for n in sizes) + " | "
                   + " | ".join("" for _ in sizes[1:]) + f" | {GOALS.get(key, '')} |")
     for n, d in notes.items():
         print(f"N={n}: " + ", ".join(f"{k}={v if not isinstance(v, float) else round(v, 2)}" for k, v in d.items()))
