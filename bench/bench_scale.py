@@ -252,12 +252,12 @@ def ratio(vals: list[tuple[float, float]], base: list[tuple[float, float]]) -> s
     return f"{w:.2f}x ({c:.2f}x)"
 
 
-def group_usage(pgid: int) -> tuple[float, float, int]:
-    """(CPU s, RSS MB, processes) of the live processes of a process group (dagster dev: the webserver,
-    the daemon, the code servers), from /proc."""
+def group_usage(pgid: int) -> tuple[dict[int, float], float]:
+    """({pid: CPU s}, RSS MB) of the live processes of a process group (dagster dev: the webserver, the
+    daemon, the code servers), from /proc."""
     tick, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
-    cpu = rss = 0.0
-    count = 0
+    cpu: dict[int, float] = {}
+    rss = 0.0
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -265,12 +265,11 @@ def group_usage(pgid: int) -> tuple[float, float, int]:
             fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
             if int(fields[2]) != pgid:
                 continue
-            cpu += (int(fields[11]) + int(fields[12])) / tick
+            cpu[int(d.name)] = (int(fields[11]) + int(fields[12])) / tick
             rss += int((d / "statm").read_text().split()[1]) * page / 2**20
-            count += 1
         except (OSError, IndexError, ValueError):
             continue
-    return cpu, rss, count
+    return cpu, rss
 
 
 def ui_step(home: Path, env: dict, n: int, page_timeout: int = 600, locations: int = 1) -> dict[str, float]:
@@ -319,8 +318,8 @@ def ui_step(home: Path, env: dict, n: int, page_timeout: int = 600, locations: i
         meta.write_text(yaml.safe_dump(doc, sort_keys=False))
         applied = timed([LAKEHOUSE, "metadata", "apply", str(meta)], env)[2]
         print("  " + next((line for line in applied.splitlines() if "code locations" in line), "?"), flush=True)
-        cpu0, rss0, procs0 = group_usage(proc.pid)
-        out["memory before reload (MB)"], out["processes"] = rss0, procs0
+        cpu0, rss0 = group_usage(proc.pid)
+        out["memory before reload (MB)"], out["processes"] = rss0, len(cpu0)
         t1, t1_clock = time.monotonic(), time.time()
         gql("mutation($name: String!) { reloadRepositoryLocation(repositoryLocationName: $name) { __typename } }",
             {"name": where})
@@ -332,8 +331,21 @@ def ui_step(home: Path, env: dict, n: int, page_timeout: int = 600, locations: i
                 raise TimeoutError("the reload never showed the change")
             time.sleep(0.5)
         out["reload"] = time.monotonic() - t1
-        cpu1, rss1, _ = group_usage(proc.pid)
-        out["reload CPU, all processes"] = cpu1 - cpu0
+        cpu1, _ = group_usage(proc.pid)
+        # what each process alive now spent since the reload began (the old code server, gone, is not counted)
+        spent = {pid: c - cpu0.get(pid, 0.0) for pid, c in cpu1.items()}
+        out["reload CPU, all processes"] = sum(spent.values())
+
+        def what(pid: int) -> str:
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+            except OSError:
+                return "?"
+            return " ".join(Path(a).name if i == 0 else a for i, a in enumerate(argv[:4]) if a)[:60]
+
+        print("  reload CPU by process: " + ", ".join(f"{what(pid)} ({'new' if pid not in cpu0 else pid}) {c:.1f} s"
+                                                      for pid, c in sorted(spent.items(), key=lambda x: -x[1])
+                                                      if c >= 0.1), flush=True)
         out["reload mutation"] = mutation
         builds = [json.loads(line) for line in trace.read_text().splitlines()]
         whole = [b for b in builds if b["pipelines"] is None]
