@@ -144,3 +144,37 @@ def test_the_module_resolves_a_location_attribute_lazily_and_rejects_a_bad_one()
     with pytest.raises(ValueError, match="not a valid identifier"):
         getattr(module, "location__a-b")
     assert not hasattr(module, "something_else")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)  # a JVM in the run worker on a loaded 2-core machine
+def test_a_run_of_a_pipeline_in_another_location_runs_there_and_builds_its_own_pipeline(
+        settings, tmp_path, dagster_daemon_factory):
+    """A daemon serving location `west` alone (`location__west`, as `lakehouse workspace` names it)
+    launches p1's run; its run worker loads the same attribute and builds p1 alone; the run
+    materializes p1 for real and reads nothing it must not."""
+    import json
+    import time
+
+    from lakehouse.demo import generate_user_events
+    from lakehouse.metadata.store import MetadataStore
+
+    MetadataStore(settings.control_db_url).apply(load_metadata(split(tmp_path / "meta")))
+    generate_user_events(settings.landing_dir / "landing1", rows=300, files=2, seed=4)
+    trace = tmp_path / "defs_trace.jsonl"
+    d = dagster_daemon_factory(extra_env={"LAKEHOUSE_DEFS_TRACE": str(trace)}, attribute="location__west",
+                               location_name="west")
+    run_id = d.submit_pipeline("p1")
+    [run] = d.wait_for_runs([run_id], timeout=1800)
+    assert run.status == dg.DagsterRunStatus.SUCCESS, d.failures([run_id]) + "\n" + d.log_tail()
+    assert run.remote_job_origin.location_name == "west"
+    mats = {rec.dagster_event.asset_key.to_user_string()
+            for rec in d.instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)}
+    assert mats == {"bronze/user_events1", "silver/user_events1", "gold/daily_user_events1"}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not trace.exists():
+        time.sleep(1)
+    builds = [json.loads(x) for x in trace.read_text().splitlines()]
+    served = [b for b in builds if b["pipelines"] is None]
+    assert served and all(b["location"] == "west" and b["stage_assets"] == 6 for b in served), builds
+    assert any(b["pipelines"] == ["p1"] and b["stage_assets"] == 3 for b in builds), builds  # the run worker
