@@ -1,0 +1,91 @@
+"""Dagster's SQLite storage under the platform's home commits without a disk flush per event (issue
+21: a small `lakehouse run` waited ~1.9 s on ~130 flushes and checkpoints), bounded to that
+storage's files: the platform's own databases keep SQLite's defaults, a run's events are readable
+by another connection (the UI's) while it runs, and nothing is left unmerged after it."""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+
+import pytest
+import sqlalchemy as sa
+
+
+def _instance(home, synchronous: str | None = None):
+    import dagster as dg
+
+    extra = f"\n      synchronous: {synchronous}" if synchronous else ""
+    (home / "dagster.yaml").write_text(f"""
+storage:
+  custom:
+    module: lakehouse.throughput.dagster_storage
+    class: LakehouseSqliteStorage
+    config:
+      base_dir: {home}{extra}
+telemetry:
+  enabled: false
+""")
+    return dg.DagsterInstance.from_config(str(home))
+
+
+def _synchronous(path) -> int:
+    engine = sa.create_engine(f"sqlite:///{path}", poolclass=sa.pool.NullPool)
+    with engine.connect() as conn:
+        level = conn.execute(sa.text("PRAGMA synchronous")).scalar()
+    engine.dispose()
+    return level
+
+
+def test_a_run_inside_keep_open_is_stored_readable_and_merged(tmp_path):
+    import dagster as dg
+
+    from lakehouse.throughput.dagster_storage import keep_open
+
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    instance = _instance(home)
+    seen: dict = {}
+
+    @dg.op
+    def work(context):
+        context.log.info("working")
+        shard = home / "history" / "runs" / f"{context.run_id}.db"
+        # another process's view (the UI's): the events stored so far are there, from the WAL
+        with closing(sqlite3.connect(shard)) as other:
+            seen["events"] = other.execute("SELECT count(*) FROM event_logs").fetchone()[0]
+        seen["wal"] = shard.with_name(shard.name + "-wal").exists()  # not checkpointed per close
+        return 1
+
+    @dg.job
+    def small():
+        work()
+
+    with keep_open():
+        result = small.execute_in_process(instance=instance)
+        assert result.success
+        # the storage's own files commit at NORMAL; a database elsewhere keeps SQLite's FULL
+        assert _synchronous(home / "history" / "runs.db") == 1
+        assert _synchronous(tmp_path / "control.db") == 2
+    assert seen["events"] >= 3 and seen["wal"], seen
+    # after the block the WAL is merged into each database and removed: no -wal file is left
+    assert not list(home.rglob("*.db-wal")), list(home.rglob("*.db-wal"))
+    instance.dispose()
+    again = _instance(home)
+    logs = again.all_logs(result.run_id)
+    assert any(e.user_message == "working" for e in logs)
+    assert again.get_run_by_id(result.run_id).is_success
+    again.dispose()
+
+
+def test_synchronous_is_configurable_and_checked(tmp_path):
+    from lakehouse.throughput.dagster_storage import LakehouseSqliteStorage
+
+    full = tmp_path / "full"
+    full.mkdir()
+    instance = _instance(full, "FULL")
+    instance.get_runs()  # the storage's databases exist
+    assert _synchronous(full / "history" / "runs.db") == 2
+    instance.dispose()
+    with pytest.raises(ValueError, match="synchronous: 'sometimes' is not one of OFF, NORMAL, FULL, EXTRA"):
+        LakehouseSqliteStorage(str(tmp_path / "bad"), synchronous="sometimes")
