@@ -86,7 +86,6 @@ class Lake:
             if p.is_file():
                 text = p.read_text()
                 if p.name == "user_events.yaml":
-                    text = text.replace("batch_files: 4", "batch_files: 64")
                     if not incremental:
                         text = re.sub(r"\n    incremental: \{[^\n]*\}", "", text)
                     if not silver_rules:  # what the audit of silver's rules costs

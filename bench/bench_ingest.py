@@ -60,7 +60,7 @@ pipelines:
   - {{pipeline_id: bench_ingest}}
 sources:
   - {{source_id: bench_files, kind: files, format: parquet, path: {landing}, glob: "*.parquet",
-     batch_files: 100000, max_files_per_run: 100000, max_bytes_per_run: 1000000000000,
+     batch_files: 100000, batch_bytes: 1000000000000, max_files_per_run: 100000, max_bytes_per_run: 1000000000000,
      lineage_columns: {lineage}}}
 targets:
   - {{target_id: bench_bronze, namespace: bronze, table: events, write_mode: append}}

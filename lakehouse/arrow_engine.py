@@ -751,7 +751,8 @@ def file_batches(ctx: StageContext, plan: ExtractPlan, tables: ArrowTables) -> I
     todo = [f for f in plan.files if f.key not in ctx.healing.quarantined_files]
     done = 0
     prepared = prepare_files(ctx, None, src, todo, schema_io=ArrowSchemaIO(tables))
-    for chunk in file_ingest.batches(prepared.files, ctx.healing.effective_batch(src.batch_files)):
+    for chunk in file_ingest.batches(prepared.files, ctx.healing.effective_batch(src.batch_files),
+                                      ctx.healing.effective_batch(src.batch_bytes)):
         checked, good = checked_files(ctx, chunk)
         done += len(chunk)
         props = {file_ingest.CHECKPOINT_PROPERTY: file_ingest.checkpoint_value(checked),

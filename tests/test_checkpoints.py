@@ -121,3 +121,28 @@ def test_lineage_columns_are_per_source(platform, tmp_path, unique_ns, lineage):
     else:
         assert set(table.column_names) == {"id", "v"}
     assert [row["file_key"] for row in Checkpoints(platform, f"b_{ns}.events").rows()] == [name]
+
+
+def test_a_landing_larger_than_batch_bytes_commits_and_checkpoints_per_batch(platform, tmp_path, unique_ns):
+    """Batches are bounded by bytes as well as files: five equal files with room for two per
+    `batch_bytes` are three commits, each with its own files' checkpoints."""
+    landing = platform.settings.landing_dir / "sized"
+    landing.mkdir(parents=True)
+    for i in range(5):
+        (landing / f"s{i}.jsonl").write_text(
+            "".join(json.dumps({"id": f"s{i}-{j:05d}", "v": j % 10}) + "\n" for j in range(40)))
+    size = (landing / "s0.jsonl").stat().st_size
+    assert {(landing / f"s{i}.jsonl").stat().st_size for i in range(5)} == {size}
+    f = tmp_path / "sized.yaml"
+    f.write_text(META.format(ns=unique_ns).replace("path: events", "path: sized")
+                 .replace("batch_files: 1,", f"batch_bytes: {2 * size + size // 2},")
+                 .replace("max_files_per_run: 2", "max_files_per_run: 10"))
+    platform.store.apply(load_metadata(f))
+    plan, out = run(platform)
+    assert plan.details["files_planned"] == 5 and len(out.writes) == 3 and out.rows_written == 200
+    rows = Checkpoints(platform, f"b_{unique_ns}.events").rows()
+    by_snapshot: dict[int, list[str]] = {}
+    for r in rows:
+        by_snapshot.setdefault(r["snapshot_id"], []).append(r["file_key"])
+    assert sorted(sorted(v) for v in by_snapshot.values()) == [["s0.jsonl", "s1.jsonl"], ["s2.jsonl", "s3.jsonl"],
+                                                               ["s4.jsonl"]]

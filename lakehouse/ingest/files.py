@@ -60,8 +60,23 @@ def list_local_files(source: Source, landing_dir: Path) -> list[FileRef]:
     return out
 
 
-def batches(files: list[FileRef], batch_files: int) -> list[list[FileRef]]:
-    return [files[i : i + batch_files] for i in range(0, len(files), batch_files)]
+def batches(files: list[FileRef], batch_files: int, batch_bytes: int | None = None) -> list[list[FileRef]]:
+    """Consecutive groups of at most `batch_files` files and `batch_bytes` bytes, one checkpointed
+    commit each: bytes, not a file count alone, bound what one commit reads and caches, so a small
+    landing of many files is one commit and a large one still commits as it goes (a file larger
+    than `batch_bytes` is a batch of its own)."""
+    out: list[list[FileRef]] = []
+    chunk: list[FileRef] = []
+    size = 0
+    for f in files:
+        if chunk and (len(chunk) >= batch_files or (batch_bytes is not None and size + f.size > batch_bytes)):
+            out.append(chunk)
+            chunk, size = [], 0
+        chunk.append(f)
+        size += f.size
+    if chunk:
+        out.append(chunk)
+    return out
 
 
 def select_for_run(files: list[FileRef], source: Source) -> list[FileRef]:

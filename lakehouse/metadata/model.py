@@ -306,7 +306,12 @@ class Source(Entity):
     )
     limits: FileLimits = Field(default_factory=FileLimits, description="per-file limits checked before Spark")
     promote_fields: list[PromoteField] = Field(default_factory=list)
-    batch_files: int = Field(default=100, ge=1, description="files per Iceberg commit")
+    batch_files: int = Field(default=100, ge=1, description="at most this many files per Iceberg commit")
+    batch_bytes: int = Field(
+        default=256 * 1024**2, ge=1,
+        description="at most this many bytes of input per Iceberg commit (a larger file is a commit of its own): "
+        "a small landing is one commit, a large one still commits (and checkpoints) every batch_bytes",
+    )
     max_files_per_run: int = Field(default=1000, ge=1)
     max_bytes_per_run: int = Field(default=10 * 1024**3, ge=1)
     download_threads: int = Field(default=8, ge=1, le=64)

@@ -38,7 +38,8 @@ class FileSourceAdapter(SourceAdapter):
         todo = [f for f in plan.files if f.key not in ctx.healing.quarantined_files]
         done = 0  # progress for the run log: files done / total
         prepared = prepare_files(ctx, spark, src, todo)
-        for chunk in file_ingest.batches(prepared.files, ctx.healing.effective_batch(src.batch_files)):
+        for chunk in file_ingest.batches(prepared.files, ctx.healing.effective_batch(src.batch_files),
+                                      ctx.healing.effective_batch(src.batch_bytes)):
             df, good, bad = read_batch(ctx, spark, src, chunk, prepared, self.object_uri(ctx))
             done += len(chunk)
             props = {file_ingest.CHECKPOINT_PROPERTY: file_ingest.checkpoint_value(good + bad),

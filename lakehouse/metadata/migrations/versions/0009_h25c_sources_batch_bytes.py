@@ -1,0 +1,29 @@
+"""sources.batch_bytes: file batches bounded by bytes as well as by files (issue 21)
+
+Revision ID: 5b2d7e9c4a10
+Revises: 3e8c1f0a2b77
+Create Date: 2026-11-26 22:00:00
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = '5b2d7e9c4a10'
+down_revision = '3e8c1f0a2b77'
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    # only if missing: a control DB made by `create_all` over a model that already had the field has it
+    have = {c["name"] for c in sa.inspect(op.get_bind()).get_columns("sources")}
+    if "batch_bytes" not in have:
+        with op.batch_alter_table("sources", schema=None) as batch_op:
+            batch_op.add_column(sa.Column("batch_bytes", sa.BigInteger(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("sources", schema=None) as batch_op:
+        batch_op.drop_column("batch_bytes")
