@@ -173,8 +173,9 @@ def test_shrink_batch_halves_until_one(runner):
         res = shrink_batch(ctx_for(runner, MemoryError(), r))
         if not res.applied:
             break
-        sizes.append(res.data["batch_files"])
-    assert sizes == [4, 2, 1]
+        sizes.append((res.data["batch_files"], res.data["batch_bytes"]))
+    default_bytes = 256 * 1024**2  # the byte bound of a file batch is halved alike
+    assert sizes == [(4, default_bytes // 2), (2, default_bytes // 4), (1, default_bytes // 8)]
     assert res.outcome == "not_applicable"
 
 

@@ -191,8 +191,12 @@ def shrink_batch(ctx: ActionContext) -> ActionResult:
         return ActionResult("not_applicable", "the batch is already a single file/unit")
     ctx.state.batch_scale /= 2
     new = ctx.state.effective_batch(configured) if configured else None
-    return ActionResult("applied", f"batch halved to {new or 'half'} file(s)", {"batch_scale": ctx.state.batch_scale,
-                                                                                "batch_files": new})
+    data = {"batch_scale": ctx.state.batch_scale, "batch_files": new}
+    max_bytes = getattr(src, "batch_bytes", None)  # file batches end at a byte bound too: halved alike
+    if max_bytes:
+        data["batch_bytes"] = ctx.state.effective_batch(max_bytes)
+    bound = f"{new or 'half'} file(s)" + (f" / {data['batch_bytes']} bytes" if max_bytes else "")
+    return ActionResult("applied", f"batch halved to {bound}", data)
 
 
 def restart_spark_session(ctx: ActionContext, stop: Callable[[], None] | None = None,
