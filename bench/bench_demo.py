@@ -14,8 +14,10 @@ same Spark settings (lakehouse.spark.spark_conf) over the same landed JSON lines
                   specs; the same rules of each stage counted in Spark.
 The sides alternate (the first side rotates per round); the ratio platform / hand-written of the
 medians is printed for wall time and for CPU time of the whole process tree, the JVM included
-(bench_ingest's `run`). `--event-log DIR` keeps Spark's event logs (spark.eventLog.*) per run,
-and `--jobs` prints how many Spark jobs each side ran: that count found the last big waste.
+(bench_ingest's `run`). `--jobs` records Spark's event log per run and prints how many Spark jobs
+each side ran and its timeline (`spark_timeline`: time to the first job, JVM busy / idle between
+jobs, after the last job, executor task CPU): the JVM idle while the driver works is the platform's
+overhead, the task CPU the data work both sides share.
 """
 
 from __future__ import annotations
@@ -89,14 +91,48 @@ HANDWRITTEN = textwrap.dedent(
 )
 
 
-def spark_jobs(event_log: Path) -> int:
-    """Spark jobs a run started, from its event log (one `SparkListenerJobStart` line per job)."""
-    n = 0
+def spark_timeline(event_log: Path) -> dict[str, float]:
+    """Where a run's Spark time went, from its event log: the Spark jobs, seconds from the
+    application's start to its first job (JVM start, then whatever the driver does before it),
+    the first job's start to the last one's end split into `busy` (some job running) and `idle`
+    (the JVM waits for the driver between jobs), the last job's end to the application's end,
+    and the executors' task CPU (the data work itself, comparable between the sides)."""
+    app = [0.0, 0.0]
+    jobs: dict[int, list[float]] = {}
+    task_cpu = 0.0
+    wanted = ('"SparkListenerApplicationStart"', '"SparkListenerApplicationEnd"', '"SparkListenerJobStart"',
+              '"SparkListenerJobEnd"', '"SparkListenerTaskEnd"')
     for f in event_log.rglob("*"):
-        if f.is_file():
-            with f.open(encoding="utf-8", errors="replace") as fh:
-                n += sum(1 for line in fh if '"Event":"SparkListenerJobStart"' in line)
-    return n
+        if not f.is_file():
+            continue
+        with f.open(encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if not any(w in line[:60] for w in wanted):
+                    continue
+                e = json.loads(line)
+                kind = e["Event"]
+                if kind == "SparkListenerApplicationStart":
+                    app[0] = e["Timestamp"] / 1000
+                elif kind == "SparkListenerApplicationEnd":
+                    app[1] = e["Timestamp"] / 1000
+                elif kind == "SparkListenerJobStart":
+                    jobs[e["Job ID"]] = [e["Submission Time"] / 1000, e["Submission Time"] / 1000]
+                elif kind == "SparkListenerJobEnd" and e["Job ID"] in jobs:
+                    jobs[e["Job ID"]][1] = e["Completion Time"] / 1000
+                else:
+                    task_cpu += (e.get("Task Metrics") or {}).get("Executor CPU Time", 0) / 1e9
+    out = {"jobs": float(len(jobs)), "task_cpu": task_cpu}
+    if not jobs:
+        return out
+    spans = sorted(jobs.values())
+    busy, end = 0.0, spans[0][0]
+    for s, t in spans:  # the union of the jobs' intervals
+        if t > end:
+            busy += t - max(s, end)
+            end = t
+    out |= {"to_first_job": spans[0][0] - app[0], "busy": busy, "idle": end - spans[0][0] - busy,
+            "after_last_job": max(app[1] - end, 0.0)}
+    return out
 
 
 def main() -> None:
@@ -104,7 +140,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", action="store_true")
-    ap.add_argument("--jobs", action="store_true", help="count each run's Spark jobs from its event log")
+    ap.add_argument("--jobs", action="store_true", help="each run's Spark jobs and timeline from its event log")
     ap.add_argument("--baseline-repo", type=Path, default=None,
                     help="another checkout whose platform is timed in the same rounds (before/after a change)")
     args = ap.parse_args()
@@ -120,7 +156,7 @@ def main() -> None:
     meta = REPO / "metadata" / "demo"
     times: dict[str, list[float]] = {}
     cpus: dict[str, list[float]] = {}
-    jobs: dict[str, list[int]] = {}
+    jobs: dict[str, list[dict[str, float]]] = {}
     try:
         for r in range(args.repeat):
             for side in sides[r % len(sides):] + sides[:r % len(sides)]:
@@ -148,8 +184,12 @@ def main() -> None:
                 cpus.setdefault(side, []).append(cpu)
                 note = ""
                 if args.jobs:
-                    jobs.setdefault(side, []).append(spark_jobs(home / "events"))
-                    note = f"  spark jobs {jobs[side][-1]}"
+                    tl = spark_timeline(home / "events")
+                    jobs.setdefault(side, []).append(tl)
+                    note = f"  spark jobs {tl['jobs']:.0f}" + (
+                        f" (to first {tl['to_first_job']:.1f} s, busy {tl['busy']:.1f} s, idle between jobs "
+                        f"{tl['idle']:.1f} s, after last {tl['after_last_job']:.1f} s, task CPU {tl['task_cpu']:.1f} s)"
+                        if "busy" in tl else "")
                 print(f"  round {r + 1} {side:11s} {t:7.1f} s  cpu {cpu:7.1f} s  load {os.getloadavg()[0]:.1f}{note}",
                       flush=True)
                 if not args.keep:
@@ -167,7 +207,10 @@ def main() -> None:
         print(f"baseline median {med['baseline']:.1f} s (CPU {cmed['baseline']:.1f} s) | platform / baseline "
               f"{med['platform'] / med['baseline']:.3f} (CPU {cmed['platform'] / cmed['baseline']:.3f})")
     if jobs:
-        print("spark jobs per run:", json.dumps(jobs))
+        print("spark jobs per run:", json.dumps({k: [int(t["jobs"]) for t in v] for k, v in jobs.items()}))
+        for side, tls in jobs.items():
+            keys = [k for k in ("to_first_job", "busy", "idle", "after_last_job", "task_cpu") if all(k in t for t in tls)]
+            print(f"{side} medians: " + ", ".join(f"{k} {statistics.median(t[k] for t in tls):.1f} s" for k in keys))
 
 
 if __name__ == "__main__":
