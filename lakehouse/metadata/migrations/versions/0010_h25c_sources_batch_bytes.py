@@ -1,7 +1,7 @@
 """sources.batch_bytes: file batches bounded by bytes as well as by files (issue 21)
 
-Revision ID: 5b2d7e9c4a10
-Revises: 3e8c1f0a2b77
+Revision ID: c4e81a6f2d30
+Revises: 5b2d9e4c7a19
 Create Date: 2026-11-26 22:00:00
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '5b2d7e9c4a10'
-down_revision = '3e8c1f0a2b77'
+revision = 'c4e81a6f2d30'
+down_revision = '5b2d9e4c7a19'
 branch_labels = None
 depends_on = None
 
