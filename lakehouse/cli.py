@@ -86,11 +86,12 @@ def cmd_metadata(args) -> int:
     loaded = load_metadata(args.path, check_refs=False)
     from lakehouse.metadata.locations import touched_locations
 
-    before = platform.store.load()
-    applied = platform.store.apply(loaded, replace=args.replace, live=_live_tables(platform.settings, readonly=True))
+    changes = platform.store.apply_changes(loaded, replace=args.replace,
+                                           live=_live_tables(platform.settings, readonly=True))
+    applied = dict(changes.counts)
     derived = applied.pop("derived_stages", 0)
     print(f"applied {args.path} to {platform.store!r}: " + ", ".join(f"{n} {k}" for k, n in applied.items() if n))
-    touched = touched_locations(before, platform.store.load())
+    touched = touched_locations(changes.before, changes.after)
     # what to reload (the UI's "Reload" on these locations, or `dagster dev` picks it up on restart)
     print("code locations changed: " + (", ".join(sorted(touched)) if touched else "none (nothing to reload)"))
     print(f"derived: {derived} stage(s) derived again (SQL tables, column lineage, output columns, checks); the "

@@ -11,6 +11,7 @@ import json
 import logging
 import typing
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,6 +36,16 @@ def ensure_tables(engine: sa.Engine) -> sa.Engine:
 
     upgrade(engine)
     return engine
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What `MetadataStore.apply_changes` did: rows per section (and `derived_stages`: stages derived
+    again), and the metadata as stored before and after it."""
+
+    counts: dict[str, int]
+    before: MetadataCatalog
+    after: MetadataCatalog
 
 
 class MetadataStore:
@@ -134,11 +145,17 @@ class MetadataStore:
     # ------------------------------------------------------------------ write
     def apply(self, incoming: LoadedMetadata, *, replace: bool = False, live=None) -> dict[str, int]:
         """Merge rows by key (or replace everything) in one transaction; validate the result first
-        (with `live` table schemas for the static checks, lakehouse.metadata.checks)."""
+        (with `live` table schemas for the static checks, lakehouse.metadata.checks). Rows per section."""
+        return self.apply_changes(incoming, replace=replace, live=live).counts
+
+    def apply_changes(self, incoming: LoadedMetadata, *, replace: bool = False, live=None) -> Applied:
+        """`apply`, also handing back the metadata as stored before and after it (which apply reads and
+        builds anyway): what changed, e.g. the code locations to reload, without reading it twice more."""
         from lakehouse.metadata.derived import read_baseline, refresh
 
         self.create_all()
-        current = MetadataCatalog() if replace else self.load()
+        before = self.load()
+        current = MetadataCatalog() if replace else before
         baseline = None
         if not replace:  # what was applied before passed the checks: check again what this apply changes
             with self.engine.connect() as conn:
@@ -167,7 +184,7 @@ class MetadataStore:
                 counts[section] = len(entities)
             # in the same transaction: the derived rows never disagree with the metadata they come from
             counts["derived_stages"] = len(refresh(conn, merged).rederived)
-        return counts
+        return Applied(counts, before, merged)
 
     @staticmethod
     def _row(e: Entity, json_cols: set[str]) -> dict[str, Any]:
