@@ -89,3 +89,59 @@ def test_synchronous_is_configurable_and_checked(tmp_path):
     instance.dispose()
     with pytest.raises(ValueError, match="synchronous: 'sometimes' is not one of OFF, NORMAL, FULL, EXTRA"):
         LakehouseSqliteStorage(str(tmp_path / "bad"), synchronous="sometimes")
+
+
+def test_keep_open_reuses_one_engine_per_database(tmp_path):
+    """Dagster builds an engine and opens a SQLite connection for every event and query; inside
+    keep_open() each database file gets one pooled engine, so a run opens a few connections per
+    file instead of dozens, and the block's end closes them all (the run stays readable)."""
+    import dagster as dg
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from lakehouse.throughput import dagster_storage
+    from lakehouse.throughput.dagster_storage import keep_open
+
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    instance = _instance(home)
+    opened: list[str] = []
+
+    def count(dbapi_connection, _record):
+        path = next(row[2] for row in dbapi_connection.execute("PRAGMA database_list") if row[1] == "main")
+        if path.startswith(str(home)):
+            opened.append(path)
+
+    @dg.op
+    def work(context):
+        for n in range(5):
+            context.log.info(f"event {n}")
+        return 1
+
+    @dg.job
+    def small():
+        work()
+
+    event.listen(Engine, "connect", count)
+    try:
+        outside = small.execute_in_process(instance=instance)
+        assert outside.success
+        per_run_outside = len(opened)
+        opened.clear()
+        with keep_open():
+            inside = small.execute_in_process(instance=instance)
+            assert inside.success
+            assert len(dagster_storage._engines) >= 2  # the runs database, the index, the run's shard
+        per_run_inside = len(opened)
+    finally:
+        event.remove(Engine, "connect", count)
+    assert dagster_storage._engines is None  # disposed with the block
+    assert per_run_outside >= 30, per_run_outside
+    assert per_run_inside <= 3 * len(set(opened)), (per_run_inside, sorted(set(opened)))
+    assert per_run_inside * 4 < per_run_outside, (per_run_inside, per_run_outside)
+    assert not list(home.rglob("*.db-wal")), list(home.rglob("*.db-wal"))
+    instance.dispose()
+    again = _instance(home)
+    assert any(e.user_message == "event 4" for e in again.all_logs(inside.run_id))
+    assert again.get_run_by_id(inside.run_id).is_success
+    again.dispose()

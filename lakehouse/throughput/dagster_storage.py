@@ -37,6 +37,13 @@ control DB and catalog are untouched):
 * `keep_open()`: while a headless run executes (`lakehouse run`), one idle connection per database
   stays open, so the per-event connections' closes do not checkpoint; the last close at the end of
   the block checkpoints once per file. Durability is unchanged by it.
+* one engine per database file inside `keep_open()` (a private-API override, see
+  `_engine_for`): Dagster's `SqliteEventLogStorage._connect` and `SqliteRunStorage.connect` build
+  a new SQLAlchemy engine with `NullPool` for every event and query (129 engines and ~140 SQLite
+  connections in a small run, each with this module's connect hook); inside the block the same
+  connection string gets one engine with SQLAlchemy's default pool for SQLite files, whose
+  connections are reused and closed when the block ends. The transactions are Dagster's own (one
+  `begin()` per call, under the same locks); outside the block Dagster's code runs unchanged.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from dagster._core.storage.base_storage import DagsterStorage
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 from dagster._core.storage.runs.sqlite.sqlite_run_storage import SqliteRunStorage
 from dagster._core.storage.schedules.sqlite.sqlite_schedule_storage import SqliteScheduleStorage
+from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.storage.sqlite_storage import (
     DagsterSqliteStorage,
     _event_logs_directory,
@@ -61,7 +69,7 @@ from dagster._core.storage.sqlite_storage import (
     _schedule_directory,
 )
 from dagster._utils import mkdir_p
-from sqlalchemy import event
+from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
 
 LOCK_FILE = ".pool-slots.lock"
@@ -105,7 +113,24 @@ def file_lock(path: str) -> Iterator[None]:
 
 
 class SerializedSqliteEventLogStorage(SqliteEventLogStorage):
-    """SQLite event log storage whose pool-slot operations hold one cross-process lock."""
+    """SQLite event log storage whose pool-slot operations hold one cross-process lock, and whose
+    connections inside keep_open() come from one engine per database file."""
+
+    @contextmanager
+    def _connect(self, shard: str):
+        # private API (dagster 1.x `SqliteEventLogStorage._connect`): the same steps as Dagster's
+        # — the storage's lock, `_initdb` once per shard, one transaction — on a kept engine
+        engine = _engine_for(self.conn_string_for_shard(shard), {"timeout": SQLITE_BUSY_TIMEOUT_SECONDS})
+        if engine is None:
+            with super()._connect(shard) as conn:
+                yield conn
+            return
+        with self._db_lock:
+            if shard not in self._initialized_dbs:
+                self._initdb(engine)
+                self._initialized_dbs.add(shard)
+            with engine.connect() as conn, conn.begin():
+                yield conn
 
     def _slots(self):
         return file_lock(os.path.join(self._base_dir, LOCK_FILE))
@@ -135,11 +160,40 @@ class SerializedSqliteEventLogStorage(SqliteEventLogStorage):
             return super().initialize_concurrency_limit_to_default(concurrency_key)
 
 
+class KeptEngineSqliteRunStorage(SqliteRunStorage):
+    """`SqliteRunStorage` whose connections inside keep_open() come from one engine per file."""
+
+    @contextmanager
+    def connect(self):
+        # private API (dagster 1.x `SqliteRunStorage.connect`): one transaction per call, as Dagster's
+        engine = _engine_for(self._conn_string, {})
+        if engine is None:
+            with super().connect() as conn:
+                yield conn
+            return
+        with engine.connect() as conn, conn.begin():
+            yield conn
+
+
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 #: storage directory (with a trailing separator) -> the `synchronous` level of its databases
 _LEVELS: dict[str, str] = {}
 _KEEP_LOCK = threading.Lock()
 _kept: dict[str, sqlite3.Connection] | None = None  # {database path: idle connection} inside keep_open()
+_engines: dict[str, Engine] | None = None  # {connection string: engine} inside keep_open()
+
+
+def _engine_for(conn_string: str, connect_args: dict) -> Engine | None:
+    """The block's engine for a database (created on first use), or None outside keep_open()."""
+    with _KEEP_LOCK:
+        if _engines is None:
+            return None
+        engine = _engines.get(conn_string)
+        if engine is None:
+            # SQLAlchemy's default pool for a SQLite file (QueuePool, connections usable from any
+            # thread): a connection goes back to the pool after each transaction and is reused
+            engine = _engines[conn_string] = create_engine(conn_string, connect_args=connect_args)
+        return engine
 
 
 def _storage_level(path: str) -> str | None:
@@ -177,15 +231,20 @@ def keep_open() -> Iterator[None]:
     """While the block runs, Dagster storage databases this process connects to keep one idle
     connection open, closed (one checkpoint per file) when the block ends. For a process that
     executes a run (`lakehouse run`), not for a long-lived one such as the UI's."""
-    global _kept
+    global _kept, _engines
     with _KEEP_LOCK:
         outer, _kept = _kept, ({} if _kept is None else _kept)
+        if outer is None:
+            _engines = {}
     try:
         yield
     finally:
         if outer is None:
             with _KEEP_LOCK:
                 kept, _kept = _kept or {}, None
+                engines, _engines = _engines or {}, None
+            for engine in engines.values():
+                engine.dispose()  # closes the pooled connections
             for keeper in kept.values():
                 keeper.close()
 
@@ -200,7 +259,7 @@ class LakehouseSqliteStorage(DagsterSqliteStorage):
         for base in {os.path.abspath(base_dir), os.path.realpath(base_dir)}:  # as SQLite names it
             _LEVELS[os.path.join(base, "")] = synchronous.upper()
         self.base_dir = base_dir
-        self._run_storage = SqliteRunStorage.from_local(_runs_directory(base_dir))
+        self._run_storage = KeptEngineSqliteRunStorage.from_local(_runs_directory(base_dir))
         self._event_log_storage = SerializedSqliteEventLogStorage(_event_logs_directory(base_dir))
         self._schedule_storage = SqliteScheduleStorage.from_local(_schedule_directory(base_dir))
         self._inst_data = inst_data
