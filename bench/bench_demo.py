@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -91,12 +92,16 @@ HANDWRITTEN = textwrap.dedent(
 )
 
 
-def spark_timeline(event_log: Path) -> dict[str, float]:
+def spark_timeline(event_log: Path, spawned: float | None = None, ended: float | None = None) -> dict[str, float]:
     """Where a run's Spark time went, from its event log: the Spark jobs, seconds from the
     application's start to its first job (JVM start, then whatever the driver does before it),
     the first job's start to the last one's end split into `busy` (some job running) and `idle`
     (the JVM waits for the driver between jobs), the last job's end to the application's end,
-    and the executors' task CPU (the data work itself, comparable between the sides)."""
+    and the executors' task CPU (the data work itself, comparable between the sides). With the
+    process's spawn and end (epoch seconds, as the bench saw them), also what lies outside the
+    application: `to_app_start` (interpreter, imports, the driver's work before the JVM is
+    asked for, the JVM's launch) and `app_end_to_exit` (the JVM's shutdown after the
+    application ends, until the process tree's output pipes close)."""
     app = [0.0, 0.0]
     jobs: dict[int, list[float]] = {}
     task_cpu = 0.0
@@ -122,6 +127,10 @@ def spark_timeline(event_log: Path) -> dict[str, float]:
                 else:
                     task_cpu += (e.get("Task Metrics") or {}).get("Executor CPU Time", 0) / 1e9
     out = {"jobs": float(len(jobs)), "task_cpu": task_cpu}
+    if spawned is not None and app[0]:
+        out["to_app_start"] = app[0] - spawned
+    if ended is not None and app[1]:
+        out["app_end_to_exit"] = max(ended - app[1], 0.0)
     if not jobs:
         return out
     spans = sorted(jobs.values())
@@ -175,20 +184,23 @@ def main() -> None:
                     subprocess.run([PY, "-m", "lakehouse.cli", "metadata", "apply", str(repo / "metadata" / "demo")],
                                    env=env, check=True, cwd=repo, capture_output=True)
                     # exit 3: success with warnings (the rows without an id were quarantined)
+                    spawned = time.time()
                     t, cpu = run([PY, "-m", "lakehouse.cli", "run", PIPELINE], env=env, cwd=repo, ok=(0, 3))
                 else:
                     script = work / "hand.py"
                     script.write_text(HANDWRITTEN)
+                    spawned = time.time()
                     t, cpu = run([PY, str(script), str(landing / "user_events"), str(meta)], env=env)
                 times.setdefault(side, []).append(t)
                 cpus.setdefault(side, []).append(cpu)
                 note = ""
                 if args.jobs:
-                    tl = spark_timeline(home / "events")
+                    # the process ended when its output pipes closed (the JVM holds them too): spawn + wall
+                    tl = spark_timeline(home / "events", spawned, spawned + t)
                     jobs.setdefault(side, []).append(tl)
                     note = f"  spark jobs {tl['jobs']:.0f}" + (
-                        f" (to first {tl['to_first_job']:.1f} s, busy {tl['busy']:.1f} s, idle between jobs "
-                        f"{tl['idle']:.1f} s, after last {tl['after_last_job']:.1f} s, task CPU {tl['task_cpu']:.1f} s)"
+                        f" (to app start {tl.get('to_app_start', 0):.1f} s, to first {tl['to_first_job']:.1f} s, busy {tl['busy']:.1f} s, idle between jobs "
+                        f"{tl['idle']:.1f} s, after last {tl['after_last_job']:.1f} s, app end to exit {tl.get('app_end_to_exit', 0):.1f} s, task CPU {tl['task_cpu']:.1f} s)"
                         if "busy" in tl else "")
                 print(f"  round {r + 1} {side:11s} {t:7.1f} s  cpu {cpu:7.1f} s  load {os.getloadavg()[0]:.1f}{note}",
                       flush=True)
@@ -209,7 +221,8 @@ def main() -> None:
     if jobs:
         print("spark jobs per run:", json.dumps({k: [int(t["jobs"]) for t in v] for k, v in jobs.items()}))
         for side, tls in jobs.items():
-            keys = [k for k in ("to_first_job", "busy", "idle", "after_last_job", "task_cpu") if all(k in t for t in tls)]
+            keys = [k for k in ("to_app_start", "to_first_job", "busy", "idle", "after_last_job", "app_end_to_exit",
+                                "task_cpu") if all(k in t for t in tls)]
             print(f"{side} medians: " + ", ".join(f"{k} {statistics.median(t[k] for t in tls):.1f} s" for k in keys))
 
 

@@ -66,7 +66,12 @@ class Platform:
     def warm_spark(self) -> threading.Thread:
         """Start the process's SparkSession and its Iceberg catalog in the background (a cold JVM
         takes seconds); the first `spark()` call waits for the session. A failure here is left
-        for that call to raise."""
+        for that call to raise. PySpark (and py4j) is imported on the calling thread first: the
+        caller goes on importing (Dagster) while the session starts, and two threads importing one
+        package at once can see it partially initialised."""
+        import pyspark.sql  # noqa: F401
+
+        import lakehouse.spark  # noqa: F401
 
         def start() -> None:
             try:

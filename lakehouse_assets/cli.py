@@ -24,22 +24,24 @@ from lakehouse.throughput.instance import headless_instance, run_tags
 def cmd_run(args) -> int:
     """Materialize a pipeline headless through the same Definitions the UI loads, on the persistent
     Dagster instance (so pools hold), and end with the per-stage summary (lakehouse.run_summary)."""
-    # Dagster is imported here, not when the parser is built: every other command starts without it
-    from lakehouse.throughput.dagster_storage import keep_open
-    from lakehouse_assets.definitions import build_definitions, pipeline_job
-    from lakehouse_assets.run_summary import record, stage_keys, summarize
-
     platform = Platform.from_env()
     # this pipeline's rows (and the throttles), not every pipeline's: a run's cost does not grow with the platform
     catalog = read_structure(platform.store, [args.pipeline]).catalog
     settings_rows = platform.store.load(["platform_settings"]).platform_settings
     if env_flag("LAKEHOUSE_SPARK_WARMUP", True) and may_need_spark(
             catalog.model_copy(update={"platform_settings": settings_rows}), args.pipeline):
-        # the JVM starts on the other core while Dagster is imported and the job is built; with
-        # LAKEHOUSE_SPARK_WARMUP=0 it starts only when a step needs it (a run with nothing to load,
-        # e.g. one of several concurrent runs whose files others claimed, then never starts one).
-        # A pipeline the Arrow engine writes whole (lakehouse.engine) starts none.
+        # the JVM starts on the other core while Dagster is imported and the job is built, so
+        # before those imports (~2 s: the JVM's launch is then what the first stage waits for, as
+        # a hand-written script's); with LAKEHOUSE_SPARK_WARMUP=0 it starts only when a step needs
+        # it (a run with nothing to load, e.g. one of several concurrent runs whose files others
+        # claimed, then never starts one). A pipeline the Arrow engine writes whole
+        # (lakehouse.engine) starts none.
         platform.warm_spark()
+    # Dagster is imported here, not when the parser is built: every other command starts without it
+    from lakehouse.throughput.dagster_storage import keep_open
+    from lakehouse_assets.definitions import build_definitions, pipeline_job
+    from lakehouse_assets.run_summary import record, stage_keys, summarize
+
     if not any(p.pipeline_id == args.pipeline for p in catalog.pipelines):
         platform.store.load(["pipelines"]).pipeline(args.pipeline)  # unknown id -> KeyError naming the known ones
     catalog = catalog.model_copy(update={"throttles": platform.store.load(["throttles"]).throttles})
