@@ -71,7 +71,7 @@ class Platform:
         package at once can see it partially initialised."""
         import pyspark.sql  # noqa: F401
 
-        import lakehouse.spark  # noqa: F401
+        from lakehouse.spark import while_starting
 
         def start() -> None:
             try:
@@ -84,6 +84,9 @@ class Platform:
 
         thread = threading.Thread(target=start, name="spark-warmup", daemon=True)
         thread.start()
+        # the first table load imports PyIceberg's pyarrow FileIO (pyarrow.dataset, pandas: ~0.5-1 s
+        # of CPU): done by the step that waits for the JVM while it waits (lakehouse.spark.while_starting)
+        while_starting(_import_file_io)
         return thread
 
     def tables(self) -> IcebergTables:
@@ -98,3 +101,7 @@ class Platform:
 
     def catalog(self) -> MetadataCatalog:
         return self.store.load()
+
+
+def _import_file_io() -> None:
+    import pyiceberg.io.pyarrow  # noqa: F401

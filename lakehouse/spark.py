@@ -16,6 +16,7 @@ from lakehouse.sqlite_files import prepare_sqlite
 _LOCK = threading.Lock()
 _SESSION = None  # the process-wide session
 _THREAD = threading.local()  # per thread: what waits for the session (`when_started`)
+_WHILE_STARTING: list[Callable[[], None]] = []  # work for a thread that would wait (`while_starting`)
 
 # Debian's libxerial-sqlite-jdbc-java / libpostgresql-jdbc-java put their drivers here.
 SYSTEM_JDBC_JARS = ("/usr/share/java/sqlite-jdbc.jar", "/usr/share/java/postgresql.jar")
@@ -106,6 +107,8 @@ def get_spark(settings: Settings, app_name: str = "lakehouse"):
     from pyspark.sql import SparkSession
 
     global _SESSION
+    if _SESSION is None and _WHILE_STARTING and _LOCK.locked():
+        _work_while_starting()  # another thread is starting the session: this one would only wait
     with _LOCK:
         spark = _SESSION
         if spark is not None and spark.sparkContext._jsc is not None:
@@ -126,6 +129,35 @@ def get_spark(settings: Settings, app_name: str = "lakehouse"):
         for callback in callbacks:
             callback(spark)
     return spark
+
+
+def while_starting(work: Callable[[], None]) -> Callable[[], None]:
+    """`work` (a no-argument function, e.g. an import the run needs anyway) runs once on the first
+    thread that asks for the session while another thread is starting it (`lakehouse run` starts
+    the JVM on a thread of its own): work that needs no JVM is then done in the seconds that
+    thread would spend waiting for it, not after. Work that never finds such a wait is not done
+    here (it happens where it is needed). Returns a function that withdraws it."""
+    _WHILE_STARTING.append(work)
+
+    def withdraw() -> None:
+        if work in _WHILE_STARTING:
+            _WHILE_STARTING.remove(work)
+
+    return withdraw
+
+
+def _work_while_starting() -> None:
+    import logging
+
+    while True:
+        try:
+            work = _WHILE_STARTING.pop(0)
+        except IndexError:
+            return
+        try:
+            work()
+        except Exception:  # noqa: BLE001 - a head start only: whoever needs it does it (and raises) again
+            logging.getLogger(__name__).debug("work while the JVM starts failed", exc_info=True)
 
 
 def active_session():

@@ -292,7 +292,7 @@ class SparkSchemaIO:
     def footer_schema(self, path: str) -> StructType:
         """Spark's own parquet type mapping (NTZ timestamps, unsigned integers...); raises when
         Spark cannot read the footer."""
-        return self.spark.read.parquet(path).schema
+        return (self.spark or self.tables.spark).read.parquet(path).schema
 
     def evolve(self, ident: str, changes: list) -> None:
         """New columns and promotable widenings, as ALTER TABLE statements."""

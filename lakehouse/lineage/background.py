@@ -43,11 +43,24 @@ def in_background() -> Iterator[None]:
     before = _state["enabled"]
     _state["enabled"] = hasattr(os, "fork") and os.environ.get(ENV, "1").strip().lower() not in (
         "0", "off", "false", "no")
+    withdraw = None
+    if _state["enabled"] and os.environ.get("LAKEHOUSE_DATAHUB", "on").lower() not in ("0", "off", "false", "no"):
+        from lakehouse.spark import while_starting
+
+        # every child would import acryl-datahub again (~1 s of CPU each, the last one after the
+        # run's last Spark job): the parent imports it once, while its first step waits for the JVM
+        withdraw = while_starting(_import_emitter)
     try:
         yield
     finally:
         wait()
+        if withdraw is not None:
+            withdraw()
         _state["enabled"] = before
+
+
+def _import_emitter() -> None:
+    import lakehouse.lineage.datahub  # noqa: F401
 
 
 def emit_stage_run(runner: StageContext, plan: ExtractPlan | None, outcome: StageOutcome | None, *,

@@ -33,11 +33,14 @@ class FileSourceAdapter(SourceAdapter):
     def batches(self, ctx: StageContext, plan: ExtractPlan) -> Iterator[Batch]:
         """Every planned file probed and reconciled on its own first, then read in batches of
         `batch_files` (halved by healing's shrink_batch); one checkpointed commit per batch."""
-        spark = ctx.platform.spark()
         src = ctx.source
         todo = [f for f in plan.files if f.key not in ctx.healing.quarantined_files]
         done = 0  # progress for the run log: files done / total
-        prepared = prepare_files(ctx, spark, src, todo)
+        # the files are probed before the session is asked for: the probe needs no JVM, so with
+        # `lakehouse run`'s warm-up it runs while the JVM is still starting (SparkSchemaIO gets the
+        # session from the tables when it needs one: a parquet footer, an existing table)
+        prepared = prepare_files(ctx, None, src, todo)
+        spark = ctx.platform.spark()
         for chunk in file_ingest.batches(prepared.files, ctx.healing.effective_batch(src.batch_files),
                                       ctx.healing.effective_batch(src.batch_bytes)):
             df, good, bad = read_batch(ctx, spark, src, chunk, prepared, self.object_uri(ctx))
