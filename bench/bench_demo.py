@@ -15,8 +15,9 @@ same Spark settings (lakehouse.spark.spark_conf) over the same landed JSON lines
 The sides alternate (the first side rotates per round); the ratio platform / hand-written of the
 medians is printed for wall time and for CPU time of the whole process tree, the JVM included
 (bench_ingest's `run`). `--jobs` records Spark's event log per run and prints how many Spark jobs
-each side ran and its timeline (`spark_timeline`: time to the first job, JVM busy / idle between
-jobs, after the last job, executor task CPU): the JVM idle while the driver works is the platform's
+each side ran and its timeline (`spark_timeline`: process spawn to the Spark application's start,
+time to the first job, JVM busy / idle between jobs, after the last job, application end to the
+process tree's exit, executor task CPU): the JVM idle while the driver works is the platform's
 overhead, the task CPU the data work both sides share.
 """
 

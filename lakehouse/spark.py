@@ -135,8 +135,9 @@ def while_starting(work: Callable[[], None]) -> Callable[[], None]:
     """`work` (a no-argument function, e.g. an import the run needs anyway) runs once on the first
     thread that asks for the session while another thread is starting it (`lakehouse run` starts
     the JVM on a thread of its own): work that needs no JVM is then done in the seconds that
-    thread would spend waiting for it, not after. Work that never finds such a wait is not done
-    here (it happens where it is needed). Returns a function that withdraws it."""
+    thread would spend waiting for it, not after. Work that finds no such wait (the session came
+    up first, or while earlier work ran) is not done here: it happens where it is needed, as
+    without it. Returns a function that withdraws it."""
     _WHILE_STARTING.append(work)
 
     def withdraw() -> None:
@@ -149,7 +150,7 @@ def while_starting(work: Callable[[], None]) -> Callable[[], None]:
 def _work_while_starting() -> None:
     import logging
 
-    while True:
+    while _SESSION is None and _LOCK.locked():  # only while the session is still being started
         try:
             work = _WHILE_STARTING.pop(0)
         except IndexError:
