@@ -138,7 +138,8 @@ def while_starting(work: Callable[[], None]) -> Callable[[], None]:
     thread would spend waiting for it, not after. Work that finds no such wait (the session came
     up first, or while earlier work ran) is not done here: it happens where it is needed, as
     without it. Returns a function that withdraws it."""
-    _WHILE_STARTING.append(work)
+    if _SESSION is None and work not in _WHILE_STARTING:  # a session that is up has no wait to fill
+        _WHILE_STARTING.append(work)
 
     def withdraw() -> None:
         if work in _WHILE_STARTING:

@@ -63,6 +63,19 @@ def test_no_work_without_a_wait_and_withdrawn_work_never_runs(starting):
     assert ran == []
 
 
+def test_work_is_registered_once_and_not_once_the_session_is_up(starting):
+    def work():
+        pass
+
+    sparkmod.while_starting(work)
+    sparkmod.while_starting(work)  # every `lakehouse run` of a long-lived process asks again
+    assert sparkmod._WHILE_STARTING == [work]
+    starting.up()
+    sparkmod._WHILE_STARTING.clear()
+    sparkmod.while_starting(work)
+    assert sparkmod._WHILE_STARTING == []
+
+
 def test_work_stops_once_the_session_is_up(starting):
     ran: list[str] = []
     sparkmod.while_starting(lambda: (ran.append("first"), starting.up()))  # the JVM comes up meanwhile
