@@ -112,6 +112,30 @@ def file_lock(path: str) -> Iterator[None]:
         os.close(fd)
 
 
+INIT_LOCK, INIT_DONE = ".storage-init.lock", ".storage-initialised"
+
+
+@contextmanager
+def first_open(base_dir: str) -> Iterator[None]:
+    """Serialise the creation of the storage's databases across processes.
+
+    Dagster's SQLite run and schedule storages check for their tables, then `create_all` and stamp
+    the Alembic revision, with no lock: two processes opening a fresh instance at once (two first
+    `lakehouse run`s, a run and `dagster dev`, the daemon and a client) fail with "table runs
+    already exists" or "alembic_version has more than one head" (tests/test_instance_first_open.py).
+    Until a marker file says the databases exist, opening holds an exclusive lock next to them; after
+    that, opening takes no lock (the marker is written only once all three are created)."""
+    done = os.path.join(base_dir, INIT_DONE)
+    if os.path.exists(done):
+        yield
+        return
+    mkdir_p(base_dir)
+    with file_lock(os.path.join(base_dir, INIT_LOCK)):
+        yield
+        with open(done, "a"):
+            pass
+
+
 class SerializedSqliteEventLogStorage(SqliteEventLogStorage):
     """SQLite event log storage whose pool-slot operations hold one cross-process lock, and whose
     connections inside keep_open() come from one engine per database file."""
@@ -259,9 +283,10 @@ class LakehouseSqliteStorage(DagsterSqliteStorage):
         for base in {os.path.abspath(base_dir), os.path.realpath(base_dir)}:  # as SQLite names it
             _LEVELS[os.path.join(base, "")] = synchronous.upper()
         self.base_dir = base_dir
-        self._run_storage = KeptEngineSqliteRunStorage.from_local(_runs_directory(base_dir))
-        self._event_log_storage = SerializedSqliteEventLogStorage(_event_logs_directory(base_dir))
-        self._schedule_storage = SqliteScheduleStorage.from_local(_schedule_directory(base_dir))
+        with first_open(base_dir):
+            self._run_storage = KeptEngineSqliteRunStorage.from_local(_runs_directory(base_dir))
+            self._event_log_storage = SerializedSqliteEventLogStorage(_event_logs_directory(base_dir))
+            self._schedule_storage = SqliteScheduleStorage.from_local(_schedule_directory(base_dir))
         self._inst_data = inst_data
         DagsterStorage.__init__(self)
 
