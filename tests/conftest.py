@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from lakehouse.settings import load_settings
+from tests import jvm_class_archive
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -25,6 +26,9 @@ _TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 os.environ.setdefault("LAKEHOUSE_SPARK_CONF__spark.driver.extraJavaOptions",
                       f"-Dderby.system.home=/tmp {_TEST_JVM_OPTIONS}")  # the first: lakehouse.spark's own
 os.environ.setdefault("LAKEHOUSE_SPARK_CONF__spark.executor.extraJavaOptions", _TEST_JVM_OPTIONS)
+# ... and their classes come from a class-data-sharing archive, built before the first slow test
+# (tests/jvm_class_archive.py): about half of a short JVM's CPU was loading Spark's classes.
+jvm_class_archive.use(_TEST_JVM_OPTIONS)
 
 # Every module in tests/fixtures/ is a fixture plugin (services: PostgreSQL, moto S3, DataHub GMS...).
 pytest_plugins = sorted(
@@ -107,6 +111,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
     rank = {name: n for n, name in enumerate(LONGEST_MODULES)}
     items.sort(key=lambda item: rank.get(Path(item.nodeid.partition("::")[0]).stem, len(rank)))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before the first slow test of this process starts a JVM (its fixtures' or its subprocesses'):
+    the class archive, built once for every worker (tests/jvm_class_archive.py)."""
+    if item.get_closest_marker("slow") is not None and not _ARCHIVE_READY:
+        if jvm_class_archive.ensure(_TEST_JVM_OPTIONS):  # False: another worker is building it
+            _ARCHIVE_READY.append(True)
+
+
+_ARCHIVE_READY: list[bool] = []
 
 
 @pytest.fixture(autouse=True)
