@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 DRIVER_OPTS_ENV = "LAKEHOUSE_SPARK_CONF__spark.driver.extraJavaOptions"
 #: the archive's own log lines (a class-path mismatch warning) would go to the JVM's stdout
 _QUIET = "-Xlog:cds=off,cds+dynamic=off"
+STALE_DAYS = 3
 
 BUILD = r"""
 import os, sys
@@ -79,6 +80,7 @@ def use(options: str) -> None:
     path = archive_path(options)
     current = os.environ.get(DRIVER_OPTS_ENV, "")
     if path.is_file() and "SharedArchiveFile" not in current:
+        os.utime(path)  # in use: not stale for another environment's build
         os.environ[DRIVER_OPTS_ENV] = f"{current} -XX:SharedArchiveFile={path} {_QUIET}".strip()
 
 
@@ -109,6 +111,9 @@ def ensure(options: str, timeout: float = 300.0) -> bool:
 
 
 def _build(path: Path, options: str, timeout: float) -> None:
+    for old in path.parent.glob("lakehouse-test-jvm-*.jsa"):  # other environments' (~160 MB each), unused for days
+        if time.time() - old.stat().st_mtime > STALE_DAYS * 86400:
+            old.unlink(missing_ok=True)  # a JVM that maps it keeps its pages; the next session rebuilds
     partial = path.with_suffix(f".{os.getpid()}.partial")
     with tempfile.TemporaryDirectory(prefix="lakehouse-cds-") as home:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LAKEHOUSE_", "DAGSTER_HOME"))}
