@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 # default, 25 s with C1 alone), and every `lakehouse run` a test starts is a new JVM. What the JVM
 # computes is the same either way; the platform's own settings (lakehouse.spark.spark_conf) and the
 # benchmarks are untouched. Set in the environment so the test's subprocesses inherit it.
-_TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+_TEST_JVM_OPTIONS = jvm_class_archive.TEST_JVM_OPTIONS
 os.environ.setdefault("LAKEHOUSE_SPARK_CONF__spark.driver.extraJavaOptions",
                       f"-Dderby.system.home=/tmp {_TEST_JVM_OPTIONS}")  # the first: lakehouse.spark's own
 os.environ.setdefault("LAKEHOUSE_SPARK_CONF__spark.executor.extraJavaOptions", _TEST_JVM_OPTIONS)

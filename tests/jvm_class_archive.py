@@ -29,6 +29,8 @@ DRIVER_OPTS_ENV = "LAKEHOUSE_SPARK_CONF__spark.driver.extraJavaOptions"
 #: the archive's own log lines (a class-path mismatch warning) would go to the JVM's stdout
 _QUIET = "-Xlog:cds=off,cds+dynamic=off"
 STALE_DAYS = 3
+#: the test JVMs' own options (tests/conftest.py): C1 only and the serial GC, for short JVMs on tiny data
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 BUILD = r"""
 import os, sys
@@ -137,3 +139,9 @@ def _build(path: Path, options: str, timeout: float) -> None:
         os.replace(partial, path)
     else:
         partial.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    # scripts/test.sh builds it beside the fast lane (one Python process on one core), so the slow
+    # lane's first tests do not share the cores with the build
+    ensure(TEST_JVM_OPTIONS)
