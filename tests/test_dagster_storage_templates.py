@@ -102,3 +102,17 @@ def test_without_a_writable_cache_dagster_creates_the_databases(tmp_path, monkey
     assert storage.run_storage.get_runs() == []
     for rel in DATABASES:
         assert (tmp_path / "home" / rel).is_file(), rel
+
+
+def test_a_cache_removed_while_running_falls_back_to_dagster(tmp_path, cache, monkeypatch):
+    import shutil
+
+    import sqlalchemy as sa
+
+    from lakehouse.throughput.dagster_storage import templates
+
+    storage = _storage(tmp_path / "home", monkeypatch, templates=True)
+    shutil.rmtree(templates())  # e.g. the user cleared ~/.cache during a long-lived UI process
+    with storage.event_log_storage.run_connection("run2") as conn:  # Dagster's _initdb creates it
+        assert conn.execute(sa.text("SELECT count(*) FROM event_logs")).scalar() == 0
+    assert templates() is not None  # rebuilt on the next ask

@@ -240,6 +240,10 @@ def _place(template: str, dest: str) -> bool:
         return True
     except FileExistsError:
         return False
+    except OSError:  # the cache was removed under us (or no hard links here): Dagster creates the file
+        with _TEMPLATES_LOCK:
+            _built.discard(os.path.dirname(template))
+        return False
     finally:
         os.unlink(tmp)
 
