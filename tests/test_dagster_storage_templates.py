@@ -17,8 +17,20 @@ STAMP = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(\.\d+)?")  # when a data 
 DATABASES = ("history/runs.db", "history/runs/index.db", "schedules/schedules.db", "history/runs/run1.db")
 
 
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("template_cache")  # one build for the tests that only read it
+
+
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
+def cache(shared_cache, monkeypatch):
+    monkeypatch.setenv("LAKEHOUSE_CACHE_DIR", str(shared_cache))
+    monkeypatch.delenv("LAKEHOUSE_DAGSTER_TEMPLATES", raising=False)
+    return shared_cache
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("LAKEHOUSE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("LAKEHOUSE_DAGSTER_TEMPLATES", raising=False)
     return tmp_path / "cache"
@@ -104,7 +116,7 @@ def test_without_a_writable_cache_dagster_creates_the_databases(tmp_path, monkey
         assert (tmp_path / "home" / rel).is_file(), rel
 
 
-def test_a_cache_removed_while_running_falls_back_to_dagster(tmp_path, cache, monkeypatch):
+def test_a_cache_removed_while_running_falls_back_to_dagster(tmp_path, fresh_cache, monkeypatch):
     import shutil
 
     import sqlalchemy as sa
@@ -116,3 +128,21 @@ def test_a_cache_removed_while_running_falls_back_to_dagster(tmp_path, cache, mo
     with storage.event_log_storage.run_connection("run2") as conn:  # Dagster's _initdb creates it
         assert conn.execute(sa.text("SELECT count(*) FROM event_logs")).scalar() == 0
     assert templates() is not None  # rebuilt on the next ask
+
+
+
+def test_a_builder_that_loses_the_race_uses_the_winners_templates(fresh_cache, monkeypatch):
+    import shutil
+
+    from lakehouse.throughput import dagster_storage as ds
+
+    real = ds._build_templates
+
+    def build_and_lose(into):
+        real(into)
+        shutil.copytree(into, ds._templates_path())  # another process renamed its copy into place first
+
+    monkeypatch.setattr(ds, "_build_templates", build_and_lose)
+    assert ds.templates() == ds._templates_path()
+    assert os.path.isfile(os.path.join(ds._templates_path(), ds.SHARD_TEMPLATE))
+    assert [p.name for p in (fresh_cache / "dagster-sqlite").iterdir()] == [os.path.basename(ds._templates_path())]

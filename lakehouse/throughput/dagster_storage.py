@@ -175,6 +175,11 @@ def _cache_root() -> str:
     return os.path.join(xdg, "lakehouse")
 
 
+def _templates_path() -> str:
+    key = f"dagster-{DAGSTER_VERSION}-sqlalchemy-{SQLALCHEMY_VERSION}-sqlite-{sqlite3.sqlite_version}-t{TEMPLATE_VERSION}"
+    return os.path.join(_cache_root(), "dagster-sqlite", key)
+
+
 def _build_templates(into: str) -> None:
     """Dagster's own storage classes create each database, exactly as for a new instance."""
     runs = SqliteRunStorage.from_local(os.path.join(into, "history"))
@@ -201,8 +206,7 @@ def templates() -> str | None:
     when templates are off or the cache directory cannot be written."""
     if os.environ.get(TEMPLATES_ENV, "") in ("0", "false", "no"):
         return None
-    key = f"dagster-{DAGSTER_VERSION}-sqlalchemy-{SQLALCHEMY_VERSION}-sqlite-{sqlite3.sqlite_version}-t{TEMPLATE_VERSION}"
-    final = os.path.join(_cache_root(), "dagster-sqlite", key)
+    final = _templates_path()
     with _TEMPLATES_LOCK:
         if final in _built:
             return final
