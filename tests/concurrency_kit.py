@@ -21,6 +21,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tests import jvm_class_archive
+
 PIPELINE = "conc"
 TABLES = {"files": "bronze_{ns}.file_events", "s3": "bronze_{ns}.s3_events", "jdbc": "bronze_{ns}.db_events"}
 
@@ -105,7 +107,7 @@ def insert_rows(conn, first: int, n: int, expected: Expected) -> None:
 
 
 def run_env(base: dict[str, str], **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAKEHOUSE_", "DAGSTER_HOME"))}
+    env = jvm_class_archive.isolated_env()  # keeps the test JVMs' options and class archive
     env.update({"LAKEHOUSE_SPARK_MASTER": "local[1]", "LAKEHOUSE_SPARK_DRIVER_MEMORY": "1g",
                 "LAKEHOUSE_SHUFFLE_PARTITIONS": "1", "PYTHONUNBUFFERED": "1"})
     env.update(base)

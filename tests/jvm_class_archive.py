@@ -26,6 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DRIVER_OPTS_ENV = "LAKEHOUSE_SPARK_CONF__spark.driver.extraJavaOptions"
+EXECUTOR_OPTS_ENV = "LAKEHOUSE_SPARK_CONF__spark.executor.extraJavaOptions"
 #: the archive's own log lines (a class-path mismatch warning) would go to the JVM's stdout
 _QUIET = "-Xlog:cds=off,cds+dynamic=off"
 STALE_DAYS = 3
@@ -69,6 +70,14 @@ def _key(options: str) -> str:
             st = os.stat(f)
             parts.append(f"{f}:{st.st_size}:{int(st.st_mtime)}")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def isolated_env(drop: tuple[str, ...] = ("LAKEHOUSE_", "DAGSTER_HOME")) -> dict[str, str]:
+    """This process's environment without the variables starting with `drop` (a test's platform
+    subprocess is isolated from the session's own settings), but with the test JVMs' options
+    (tests/conftest.py: C1 only, the serial GC, this archive): dropped with the rest, every `lakehouse
+    run` or `dagster dev` a test started ran a default C2/G1 JVM that parsed Spark's classes again."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(drop) or k in (DRIVER_OPTS_ENV, EXECUTOR_OPTS_ENV)}
 
 
 def archive_path(options: str) -> Path:
