@@ -53,7 +53,8 @@ def _sample(root: int, seen: dict[int, tuple[str, float]], stop: threading.Event
                         argv = f.read().decode(errors="replace").split("\0")
                 except OSError:
                     continue
-                seen[pid] = (_kind(argv), cpu[pid])
+                kind = _kind(argv) if argv[0] else seen.get(pid, ("other", 0.0))[0]  # a zombie's is empty
+                seen[pid] = (kind, cpu[pid])
         time.sleep(0.5)
 
 
