@@ -18,7 +18,12 @@ medians is printed for wall time and for CPU time of the whole process tree, the
 each side ran and its timeline (`spark_timeline`: process spawn to the Spark application's start,
 time to the first job, JVM busy / idle between jobs, after the last job, application end to the
 process tree's exit, executor task CPU): the JVM idle while the driver works is the platform's
-overhead, the task CPU the data work both sides share.
+overhead, the task CPU the data work both sides share. `--account` (implies `--jobs`) says whose
+CPU it is: each process of the tree sampled from /proc every 0.1 s and read once more as a zombie
+before it is reaped (the driver, the JVM, the driver's children: lineage forks, compute-log
+`tail`s), split by the Spark timeline's phases (`@start` spawn to application start, `@to_job`
+to the first job, `@jobs` to the last job's end, `@end` the rest), and the JVM's CPU per thread
+name (JIT compilers, GC, executor tasks, py4j, the driver's Spark threads).
 """
 
 from __future__ import annotations
@@ -26,12 +31,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -93,6 +100,169 @@ HANDWRITTEN = textwrap.dedent(
 )
 
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat(pid: int) -> tuple[int, str, float] | None:
+    """(parent pid, command name, own CPU seconds) of a live or zombie process from /proc."""
+    return _stat_path(f"/proc/{pid}/stat")
+
+
+def _stat_path(path: str) -> tuple[int, str, float] | None:
+    try:
+        raw = Path(path).read_text()
+    except OSError:
+        return None
+    comm = raw[raw.index("(") + 1:raw.rindex(")")]
+    f = raw.rsplit(")", 1)[1].split()
+    return int(f[1]), comm, (int(f[11]) + int(f[12])) / _TICK
+
+
+def run_accounted(cmd: list[str], env: dict, cwd: Path = REPO, ok: tuple[int, ...] = (0,),
+                  threads: dict[str, float] | None = None) -> tuple[float, float, dict[str, float], list[tuple[float, dict[str, float]]]]:
+    """`run` with the CPU of each process of the tree: (wall, CPU of the tree, CPU per kind of
+    process at its exit, the CPU per kind sampled every 0.1 s as (epoch seconds, {kind: CPU})).
+    Kinds: `driver` (the command's own process), `jvm` (any java), `child:<comm>` for the rest (the
+    lineage forks, compute-log `tail`s...). A process's last CPU is read from its zombie before it
+    is reaped (waitid WNOWAIT), so short-lived children count in full when they are this process's
+    own (orphans re-parented to this subreaper); grandchildren the driver reaps itself are sampled.
+    `threads`, if given, is filled with the JVM's CPU per thread name (digits dropped) as last sampled."""
+    me = os.getpid()
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    text: list[str] = []
+    reader = threading.Thread(target=lambda: text.append(proc.stdout.read()), daemon=True)
+    reader.start()
+    last: dict[int, tuple[str, float]] = {}  # pid -> (kind, CPU)
+    series: list[tuple[float, dict[str, float]]] = []
+    tree = {proc.pid}
+    by_tid: dict[tuple[int, str], tuple[str, float]] = {}
+
+    def kind(pid: int, comm: str) -> str:
+        return "driver" if pid == proc.pid else "jvm" if comm == "java" else f"child:{comm}"
+
+    def sample() -> None:
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            pid = int(d)
+            st = _stat(pid)
+            if st is None:
+                continue
+            ppid, comm, cpu = st
+            if pid in tree or ppid in tree or (ppid == me and pid != me):
+                tree.add(pid)
+                last[pid] = (kind(pid, comm), cpu)
+                if comm == "java" and threads is not None:
+                    try:
+                        tids = os.listdir(f"/proc/{pid}/task")
+                    except OSError:
+                        tids = []
+                    for tid in tids:
+                        tst = _stat_path(f"/proc/{pid}/task/{tid}/stat")
+                        if tst is not None:  # a thread's last sampled CPU (pooled threads come and go)
+                            by_tid[(pid, tid)] = (re.sub(r"[-#\s]*\d+$", "", tst[1]).strip(), tst[2])
+        per: dict[str, float] = {}
+        for k, c in last.values():
+            per[k] = per.get(k, 0.0) + c
+        series.append((time.time(), per))
+
+    code = None
+    while True:
+        sample()
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            break
+        if info is None:
+            time.sleep(0.1)
+            continue
+        st = _stat(info.si_pid)  # the zombie's final CPU
+        if st is not None:
+            last[info.si_pid] = (kind(info.si_pid, st[1]), st[2])
+        _, status = os.waitpid(info.si_pid, 0)
+        if info.si_pid == proc.pid:
+            code = os.waitstatus_to_exitcode(status)
+            proc.returncode = code
+            elapsed = time.monotonic() - t0
+    reader.join(5)
+    if threads is not None:
+        for name, c in by_tid.values():
+            threads[name] = threads.get(name, 0.0) + c
+    sample()
+    if code not in ok:
+        sys.stderr.write("".join(text)[-6000:])
+        raise SystemExit(f"command failed: {' '.join(cmd)}")
+    per: dict[str, float] = {}
+    for k, c in last.values():
+        per[k] = per.get(k, 0.0) + c
+    # the end of the run is when the tree's output closes, as `run` times it: the JVM's exit included
+    elapsed = max(elapsed, time.monotonic() - t0 - 0.1)
+    return elapsed, sum(per.values()), per, series
+
+
+def cpu_at(series: list[tuple[float, dict[str, float]]], when: float) -> dict[str, float]:
+    """The CPU per kind of process sampled last before `when` (epoch seconds)."""
+    best: dict[str, float] = {}
+    for t, per in series:
+        if t > when:
+            break
+        best = per
+    return best
+
+
+def spark_marks(event_log: Path) -> dict[str, float]:
+    """Epoch seconds of the application's start, its first job's start and its last job's end."""
+    marks: dict[str, float] = {}
+    starts, ends = [], []
+    for f in event_log.rglob("*"):
+        if not f.is_file():
+            continue
+        with f.open(encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                head = line[:60]
+                if '"SparkListenerApplicationStart"' in head:
+                    marks["app_start"] = json.loads(line)["Timestamp"] / 1000
+                elif '"SparkListenerJobStart"' in head:
+                    starts.append(json.loads(line)["Submission Time"] / 1000)
+                elif '"SparkListenerJobEnd"' in head:
+                    ends.append(json.loads(line)["Completion Time"] / 1000)
+    if starts:
+        marks["first_job"] = min(starts)
+    if ends:
+        marks["last_job"] = max(ends)
+    return marks
+
+
+def account(per: dict[str, float], series: list[tuple[float, dict[str, float]]], marks: dict[str, float],
+            spawned: float, ended: float) -> dict[str, float]:
+    """CPU seconds per kind of process (driver, jvm, children together) at exit, and per phase:
+    `<kind>@start` spawn to the application's start, `@to_job` to its first job, `@jobs` first job
+    to last job's end, `@end` the rest."""
+    def group(d: dict[str, float]) -> dict[str, float]:
+        g = {"driver": d.get("driver", 0.0), "jvm": d.get("jvm", 0.0)}
+        g["children"] = sum(v for k, v in d.items() if k.startswith("child:"))
+        return g
+
+    out = group(per)
+    for k, v in per.items():
+        if k.startswith("child:"):
+            out[k] = v
+    bounds = [("start", marks.get("app_start")), ("to_job", marks.get("first_job")), ("jobs", marks.get("last_job"))]
+    prev = {k: 0.0 for k in ("driver", "jvm", "children")}
+    for name, when in bounds:
+        if when is None:
+            return out
+        now = group(cpu_at(series, when))
+        for k in prev:
+            out[f"{k}@{name}"] = now[k] - prev[k]
+        prev = now
+    final = group(per)
+    for k in prev:
+        out[f"{k}@end"] = final[k] - prev[k]
+    return out
+
+
 def spark_timeline(event_log: Path, spawned: float | None = None, ended: float | None = None) -> dict[str, float]:
     """Where a run's Spark time went, from its event log: the Spark jobs, seconds from the
     application's start to its first job (JVM start, then whatever the driver does before it),
@@ -151,10 +321,19 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--jobs", action="store_true", help="each run's Spark jobs and timeline from its event log")
+    ap.add_argument("--account", action="store_true",
+                    help="CPU per process (driver, JVM, children) and per phase of the Spark timeline (implies --jobs)")
+    ap.add_argument("--sides", default=None, help="comma-separated subset of platform,handwritten,baseline")
     ap.add_argument("--baseline-repo", type=Path, default=None,
                     help="another checkout whose platform is timed in the same rounds (before/after a change)")
     args = ap.parse_args()
+    args.jobs = args.jobs or args.account
     sides = ["platform", "handwritten"] + (["baseline"] if args.baseline_repo else [])
+    if args.sides:
+        sides = [s for s in sides if s in args.sides.split(",")]
+    jvm_threads: dict[str, float] = {}
+    timer = (lambda *a, **k: run_accounted(*a, **k, threads=jvm_threads)) if args.account else run  # noqa: E731
+    accounts: dict[str, list[dict[str, float]]] = {}
     if not become_subreaper():
         print("note: not a Linux child subreaper: CPU times leave out the JVMs")
 
@@ -186,12 +365,14 @@ def main() -> None:
                                    env=env, check=True, cwd=repo, capture_output=True)
                     # exit 3: success with warnings (the rows without an id were quarantined)
                     spawned = time.time()
-                    t, cpu = run([PY, "-m", "lakehouse.cli", "run", PIPELINE], env=env, cwd=repo, ok=(0, 3))
+                    res = timer([PY, "-m", "lakehouse.cli", "run", PIPELINE], env=env, cwd=repo, ok=(0, 3))
                 else:
                     script = work / "hand.py"
                     script.write_text(HANDWRITTEN)
                     spawned = time.time()
-                    t, cpu = run([PY, str(script), str(landing / "user_events"), str(meta)], env=env)
+                    env["PYTHONPATH"] = str(REPO)  # this checkout's lakehouse.spark, as the platform side's
+                    res = timer([PY, str(script), str(landing / "user_events"), str(meta)], env=env)
+                t, cpu = res[0], res[1]
                 times.setdefault(side, []).append(t)
                 cpus.setdefault(side, []).append(cpu)
                 note = ""
@@ -205,6 +386,15 @@ def main() -> None:
                         if "busy" in tl else "")
                 print(f"  round {r + 1} {side:11s} {t:7.1f} s  cpu {cpu:7.1f} s  load {os.getloadavg()[0]:.1f}{note}",
                       flush=True)
+                if args.account:
+                    acc = account(res[2], res[3], spark_marks(home / "events"), spawned, spawned + t)
+                    accounts.setdefault(side, []).append(acc)
+                    print("    CPU " + ", ".join(f"{k} {v:.1f}" for k, v in acc.items()), flush=True)
+                    top = sorted(jvm_threads.items(), key=lambda kv: -kv[1])[:14]
+                    print("    JVM CPU per thread name " + ", ".join(f"{k} {v:.1f}" for k, v in top), flush=True)
+                    for k, v in jvm_threads.items():
+                        accounts[side][-1][f"thread:{k}"] = v
+                    jvm_threads.clear()
                 if not args.keep:
                     shutil.rmtree(home, ignore_errors=True)
     finally:
@@ -225,6 +415,10 @@ def main() -> None:
             keys = [k for k in ("to_app_start", "to_first_job", "busy", "idle", "after_last_job", "app_end_to_exit",
                                 "task_cpu") if all(k in t for t in tls)]
             print(f"{side} medians: " + ", ".join(f"{k} {statistics.median(t[k] for t in tls):.1f} s" for k in keys))
+    for side, accs in accounts.items():
+        keys = sorted({k for a in accs for k in a}, key=lambda k: (k.count("@"), k))
+        print(f"{side} CPU medians: " + ", ".join(
+            f"{k} {statistics.median(a.get(k, 0.0) for a in accs):.1f}" for k in keys))
 
 
 if __name__ == "__main__":
