@@ -69,21 +69,9 @@ class Platform:
         for that call to raise. PySpark (and py4j) is imported on the calling thread first: the
         caller goes on importing (Dagster) while the session starts, and two threads importing one
         package at once can see it partially initialised."""
-        import pyspark.sql  # noqa: F401
+        from lakehouse.spark import warm_up, while_starting
 
-        from lakehouse.spark import while_starting
-
-        def start() -> None:
-            try:
-                from lakehouse.iceberg import quote
-
-                # the first statement initializes Spark SQL and the Iceberg catalog: seconds more
-                self.spark().sql(f"SHOW NAMESPACES IN {quote(self.settings.catalog_name)}").collect()
-            except Exception:  # noqa: BLE001 - reported by the caller's own spark() call
-                log.debug("background Spark start failed", exc_info=True)
-
-        thread = threading.Thread(target=start, name="spark-warmup", daemon=True)
-        thread.start()
+        thread = warm_up(self.settings)  # the one `lakehouse run` launched before its imports, if any
         # the first table load imports PyIceberg's pyarrow FileIO (pyarrow.dataset, pandas: ~0.5-1 s
         # of CPU): done by the step that waits for the JVM while it waits (lakehouse.spark.while_starting)
         while_starting(_import_file_io)

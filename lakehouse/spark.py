@@ -208,9 +208,9 @@ def _renew_sqlite_catalog_pool(spark, settings: Settings) -> None:
     key = (settings.catalog_name, settings.catalog_jdbc_url)
     if not settings.catalog_jdbc_url.startswith("jdbc:sqlite:") or key in _RENEWED:
         return
-    from lakehouse.iceberg import quote
-
-    spark.sql(f"SHOW NAMESPACES IN {quote(settings.catalog_name)}").collect()  # initializes the catalog
+    # initializes the catalog (quoted here: lakehouse.iceberg imports the metadata model, which the
+    # main thread may be importing while this one starts the session)
+    spark.sql(f"SHOW NAMESPACES IN {_quote(settings.catalog_name)}").collect()
     try:
         jcat = spark._jsparkSession.sessionState().catalogManager().catalog(settings.catalog_name).icebergCatalog()
         cls = jcat.getClass()
@@ -228,6 +228,11 @@ def _renew_sqlite_catalog_pool(spark, settings: Settings) -> None:
 
         logging.getLogger(__name__).warning("could not renew the SQLite catalog's connection pool", exc_info=True)
     _RENEWED.add(key)
+
+
+def _quote(name: str) -> str:
+    """lakehouse.iceberg.quote without its imports."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def _prepare_local_dirs(settings: Settings) -> None:
@@ -278,3 +283,71 @@ def stop_spark() -> None:
         if _SESSION is not None:
             _SESSION.stop()
         _SESSION = None
+
+
+_EARLY: dict[str, threading.Thread] = {}  # the JVM `start_early` launched, if any
+
+
+def start_early(argv: list[str]) -> threading.Thread | None:
+    """`lakehouse run <pipeline>`'s JVM, launched before the command line's own imports (the
+    metadata model, SQLAlchemy, the control DB: ~0.7 s, then Dagster) when the run surely needs
+    Spark: the pipeline has a SQL or Python stage (the Arrow engine writes neither, so the run's
+    own decision, `lakehouse.engine.may_need_spark`, says the same). Decided from the embedded
+    control DB with the standard library's sqlite3 and nothing else; any doubt (another database,
+    no such file or table, another command, LAKEHOUSE_SPARK_WARMUP=0) starts nothing here and
+    leaves the decision to the run, as before. A wrong guess costs a JVM: `release_jvm_at_exit`
+    kills one still starting. Returns the thread starting it."""
+    if len(argv) < 2 or argv[0] != "run" or argv[1].startswith("-") or "-h" in argv or "--help" in argv:
+        return None
+    if os.environ.get("LAKEHOUSE_SPARK_WARMUP", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    from lakehouse.settings import load_settings
+    from lakehouse.sqlite_files import sqlite_path
+
+    try:
+        settings = load_settings()
+        db = sqlite_path(settings.control_db_url)
+        if db is None or not db.is_file():
+            return None
+        import sqlite3
+
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=1)
+        try:
+            found = con.execute(
+                "SELECT 1 FROM stages WHERE pipeline_id = ? AND (transformation IS NOT NULL OR "
+                "transformation_file IS NOT NULL OR python_transformation IS NOT NULL) LIMIT 1",
+                (argv[1],)).fetchone()
+        finally:
+            con.close()
+    except Exception:  # noqa: BLE001 - a guess only: the run decides again after its imports
+        return None
+    if not found:
+        return None
+    return warm_up(settings)
+
+
+def warm_up(settings: Settings) -> threading.Thread:
+    """Start the process's SparkSession and its catalog on a thread of its own; the first
+    `get_spark` waits for it, a failure is left for that call to raise. PySpark is imported on
+    the calling thread first: the caller goes on importing while the session starts, and two
+    threads importing one package at once can see it partially initialised."""
+    import logging
+
+    import pyspark.sql  # noqa: F401
+
+    running = _EARLY.get("thread")
+    if running is not None and running.is_alive():
+        return running
+
+    def start() -> None:
+        try:
+            spark = get_spark(settings)
+            # the first statement initializes Spark SQL and the Iceberg catalog: seconds more
+            spark.sql(f"SHOW NAMESPACES IN {_quote(settings.catalog_name)}").collect()
+        except Exception:  # noqa: BLE001 - reported by the caller's own get_spark call
+            logging.getLogger(__name__).debug("background Spark start failed", exc_info=True)
+
+    thread = threading.Thread(target=start, name="spark-warmup", daemon=True)
+    _EARLY["thread"] = thread
+    thread.start()
+    return thread
