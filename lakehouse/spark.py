@@ -296,7 +296,8 @@ def start_early(argv: list[str]) -> threading.Thread | None:
     control DB with the standard library's sqlite3 and nothing else; any doubt (another database,
     no such file or table, another command, LAKEHOUSE_SPARK_WARMUP=0) starts nothing here and
     leaves the decision to the run, as before. A wrong guess costs a JVM: `release_jvm_at_exit`
-    kills one still starting. Returns the thread starting it."""
+    (at the run's end, or at exit if the run never starts) kills one still starting. Returns the
+    thread starting it."""
     if len(argv) < 2 or argv[0] != "run" or argv[1].startswith("-") or "-h" in argv or "--help" in argv:
         return None
     if os.environ.get("LAKEHOUSE_SPARK_WARMUP", "1").strip().lower() in ("0", "false", "no", "off"):
@@ -323,6 +324,9 @@ def start_early(argv: list[str]) -> threading.Thread | None:
         return None
     if not found:
         return None
+    import atexit
+
+    atexit.register(release_jvm_at_exit)  # a command line the parser refuses ends before the run does
     return warm_up(settings)
 
 

@@ -5,6 +5,7 @@ starts nothing. No JVM here: `warm_up` is replaced by a recorder."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import sqlite3
 import subprocess
@@ -38,6 +39,8 @@ def home(tmp_path, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     started: list[str] = []
     monkeypatch.setattr(sparkmod, "warm_up", lambda settings: started.append(settings.catalog_name) or "thread")
+    # the exit handler that kills a JVM still starting: recorded, not registered in the test process
+    monkeypatch.setattr(atexit, "register", lambda fn: started.append(fn.__name__))
     return started
 
 
@@ -69,7 +72,7 @@ def test_the_demo_run_starts_its_jvm_early(home, tmp_path, demo_db):
     assert may_need_spark(store.load(), "user_events_etl")  # the run itself would start one too
     assert sparkmod.start_early(["run", "user_events_etl"]) == "thread"
     assert sparkmod.start_early(["run", "-v", "user_events_etl"]) is None  # options first: left to the run
-    assert home == [load_settings().catalog_name]
+    assert home == ["release_jvm_at_exit", load_settings().catalog_name]
 
 
 @pytest.mark.parametrize("engine", ["auto", "spark"])
