@@ -13,9 +13,10 @@ from pathlib import Path
 if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "lakehouse":
     # the `lakehouse` process itself: a run that surely needs Spark launches its JVM now, before
     # the imports below (~0.7 s) and Dagster's (lakehouse.spark.start_early)
+    from lakehouse.settings import load_settings
     from lakehouse.spark import start_early
 
-    start_early(sys.argv[1:])
+    start_early(sys.argv[1:], load_settings)
 
 from lakehouse.metadata.loader import MetadataError, load_metadata  # noqa: E402
 from lakehouse.platform import Platform  # noqa: E402

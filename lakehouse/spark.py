@@ -288,7 +288,7 @@ def stop_spark() -> None:
 _EARLY: dict[str, threading.Thread] = {}  # the JVM `start_early` launched, if any
 
 
-def start_early(argv: list[str]) -> threading.Thread | None:
+def start_early(argv: list[str], settings_of: Callable[[], Settings]) -> threading.Thread | None:
     """`lakehouse run <pipeline>`'s JVM, launched before the command line's own imports (the
     metadata model, SQLAlchemy, the control DB: ~0.7 s, then Dagster) when the run surely needs
     Spark: the pipeline has a SQL or Python stage (the Arrow engine writes neither, so the run's
@@ -296,17 +296,17 @@ def start_early(argv: list[str]) -> threading.Thread | None:
     control DB with the standard library's sqlite3 and nothing else; any doubt (another database,
     no such file or table, another command, LAKEHOUSE_SPARK_WARMUP=0) starts nothing here and
     leaves the decision to the run, as before. A wrong guess costs a JVM: `release_jvm_at_exit`
-    (at the run's end, or at exit if the run never starts) kills one still starting. Returns the
+    (at the run's end, or at exit if the run never starts) kills one still starting. `settings_of`
+    is the entry point's `load_settings` (only entry points read the environment). Returns the
     thread starting it."""
     if len(argv) < 2 or argv[0] != "run" or argv[1].startswith("-") or "-h" in argv or "--help" in argv:
         return None
     if os.environ.get("LAKEHOUSE_SPARK_WARMUP", "1").strip().lower() in ("0", "false", "no", "off"):
         return None
-    from lakehouse.settings import load_settings
     from lakehouse.sqlite_files import sqlite_path
 
     try:
-        settings = load_settings()
+        settings = settings_of()
         db = sqlite_path(settings.control_db_url)
         if db is None or not db.is_file():
             return None

@@ -70,33 +70,33 @@ def _demo(demo_db: Path, tmp_path: Path) -> MetadataStore:
 def test_the_demo_run_starts_its_jvm_early(home, tmp_path, demo_db):
     store = _demo(demo_db, tmp_path)
     assert may_need_spark(store.load(), "user_events_etl")  # the run itself would start one too
-    assert sparkmod.start_early(["run", "user_events_etl"]) == "thread"
-    assert sparkmod.start_early(["run", "-v", "user_events_etl"]) is None  # options first: left to the run
+    assert sparkmod.start_early(["run", "user_events_etl"], load_settings) == "thread"
+    assert sparkmod.start_early(["run", "-v", "user_events_etl"], load_settings) is None  # options first: left to the run
     assert home == ["release_jvm_at_exit", load_settings().catalog_name]
 
 
 @pytest.mark.parametrize("engine", ["auto", "spark"])
 def test_a_file_load_is_left_to_the_runs_own_decision(home, tmp_path, engine):
     store = _apply(tmp_path, _arrow_meta(engine))
-    assert sparkmod.start_early(["run", "events_etl"]) is None  # no SQL stage: not sure, so no JVM here
+    assert sparkmod.start_early(["run", "events_etl"], load_settings) is None  # no SQL stage: not sure, so no JVM here
     assert home == []
     # an `engine: spark` file load needs Spark too: the run warms it up after its imports, as before
     assert may_need_spark(store.load(), "events_etl") == (engine == "spark")
 
 
 def test_no_guess_without_a_reason(home, tmp_path, monkeypatch, demo_db):
-    assert sparkmod.start_early(["run", "user_events_etl"]) is None  # no control DB yet (and none created)
+    assert sparkmod.start_early(["run", "user_events_etl"], load_settings) is None  # no control DB yet (and none created)
     assert not (tmp_path / "control.db").exists()
     _demo(demo_db, tmp_path)
-    assert sparkmod.start_early(["run", "no_such_pipeline"]) is None
-    assert sparkmod.start_early(["metadata", "apply", "user_events_etl"]) is None
-    assert sparkmod.start_early(["run", "user_events_etl", "--help"]) is None
-    assert sparkmod.start_early([]) is None
+    assert sparkmod.start_early(["run", "no_such_pipeline"], load_settings) is None
+    assert sparkmod.start_early(["metadata", "apply", "user_events_etl"], load_settings) is None
+    assert sparkmod.start_early(["run", "user_events_etl", "--help"], load_settings) is None
+    assert sparkmod.start_early([], load_settings) is None
     monkeypatch.setenv("LAKEHOUSE_SPARK_WARMUP", "0")
-    assert sparkmod.start_early(["run", "user_events_etl"]) is None
+    assert sparkmod.start_early(["run", "user_events_etl"], load_settings) is None
     monkeypatch.delenv("LAKEHOUSE_SPARK_WARMUP")
     monkeypatch.setenv("LAKEHOUSE_CONTROL_DB_URL", "postgresql://nobody@127.0.0.1:1/none")
-    assert sparkmod.start_early(["run", "user_events_etl"]) is None  # another database: the run decides
+    assert sparkmod.start_early(["run", "user_events_etl"], load_settings) is None  # another database: the run decides
     assert home == []
 
 
