@@ -402,13 +402,14 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     med = {s: statistics.median(v) for s, v in times.items()}
     cmed = {s: statistics.median(v) for s, v in cpus.items()}
-    print(f"platform median {med['platform']:.1f} s | hand-written median {med['handwritten']:.1f} s | "
-          f"ratio {med['platform'] / med['handwritten']:.3f} (goal <= 1.10)")
-    print(f"CPU incl. JVM: platform median {cmed['platform']:.1f} s | hand-written median "
-          f"{cmed['handwritten']:.1f} s | ratio {cmed['platform'] / cmed['handwritten']:.3f}")
-    if args.baseline_repo:
-        print(f"baseline median {med['baseline']:.1f} s (CPU {cmed['baseline']:.1f} s) | platform / baseline "
-              f"{med['platform'] / med['baseline']:.3f} (CPU {cmed['platform'] / cmed['baseline']:.3f})")
+    if {"platform", "handwritten"} <= med.keys():  # --sides may leave one out
+        print(f"platform median {med['platform']:.1f} s | hand-written median {med['handwritten']:.1f} s | "
+              f"ratio {med['platform'] / med['handwritten']:.3f} (goal <= 1.10)")
+        print(f"CPU incl. JVM: platform median {cmed['platform']:.1f} s | hand-written median "
+              f"{cmed['handwritten']:.1f} s | ratio {cmed['platform'] / cmed['handwritten']:.3f}")
+        if "baseline" in med:
+            print(f"baseline median {med['baseline']:.1f} s (CPU {cmed['baseline']:.1f} s) | platform / baseline "
+                  f"{med['platform'] / med['baseline']:.3f} (CPU {cmed['platform'] / cmed['baseline']:.3f})")
     if jobs:
         print("spark jobs per run:", json.dumps({k: [int(t["jobs"]) for t in v] for k, v in jobs.items()}))
         for side, tls in jobs.items():
