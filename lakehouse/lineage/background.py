@@ -70,9 +70,14 @@ def emit_stage_run(runner: StageContext, plan: ExtractPlan | None, outcome: Stag
         _emit_here(runner, plan, outcome, success)
         return
     wait()  # the previous stage's proposals first: DataHub sees them in order
-    # imported here once if no wait for the JVM did it (the session came up first: `lakehouse run`
-    # starts it before its imports): every child inherits it instead of importing it again (~0.7 s each)
-    _import_emitter()
+    # a Spark run imports it here once if no wait for the JVM did (the session came up first:
+    # `lakehouse run` starts it before its imports): every child inherits it instead of importing
+    # it again (~0.7 s each). A run without a session (the Arrow engine, usually one stage) leaves
+    # it to its child, beside the run (tests/test_small_run_imports.py)
+    from lakehouse.spark import active_session
+
+    if active_session() is not None:
+        _import_emitter()
     try:
         pid = os.fork()
     except OSError as exc:  # no process to spare: emit here
