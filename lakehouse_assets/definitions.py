@@ -38,6 +38,7 @@ from lakehouse.runner import Platform
 from lakehouse_assets.dashboard import dashboard_definitions
 from lakehouse_assets.entity_raw_assets import entity_raw_definitions
 from lakehouse_assets.factory import PIPELINES_JOB, Graph, build_source_specs, build_stage_assets, upstream_specs
+from lakehouse_assets import run_workers
 from lakehouse_assets.maintenance_assets import maintenance_definitions
 from lakehouse_assets.run_summary import build_run_summary_sensor
 from resources import IcebergIOManager, LakehouseResource, spark_resource
@@ -494,6 +495,7 @@ def _share_serialized_replies() -> None:
 _share_repository_snaps()
 if "dagster._grpc.server" in sys.modules:
     _share_serialized_replies()
+    run_workers.install()  # the code server's run workers fork from a preloaded server (issue 21)
 
 
 def lakehouse_repository(platform: Platform | None = None, location: str | None = None) -> dg.RepositoryDefinition:

@@ -1,0 +1,141 @@
+"""A code server's run workers fork from a preloaded fork server (lakehouse_assets/run_workers.py,
+issue 21): the start method the code server's `StartRun` gets, and end to end, runs launched as the
+UI, the daemon and `lakehouse serve` launch them (the code server starts the worker) load their rows
+and log to the run, with the fork server and with Dagster's spawn start."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from lakehouse_assets import run_workers
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def server_class(monkeypatch):
+    from dagster._grpc.server import DagsterApiServer
+
+    had = DagsterApiServer.__dict__.get("_mp_ctx")
+    yield DagsterApiServer
+    if had is None:
+        if "_mp_ctx" in DagsterApiServer.__dict__:
+            delattr(DagsterApiServer, "_mp_ctx")
+    else:
+        DagsterApiServer._mp_ctx = had
+
+
+def _server(cls):
+    srv = cls.__new__(cls)
+    srv._mp_ctx = multiprocessing.get_context("spawn")  # what Dagster's __init__ does
+    return srv
+
+
+def test_the_code_server_starts_run_workers_from_the_preloaded_fork_server(server_class, monkeypatch):
+    monkeypatch.delenv(run_workers.ENV, raising=False)
+    srv = _server(server_class)
+    assert srv._mp_ctx.get_start_method() == "spawn"  # Dagster's own, before the code location installs ours
+    run_workers.install()
+    run_workers.install()  # once per process: a second install changes nothing
+    assert srv._mp_ctx.get_start_method() == "forkserver"  # an instance made before the install too
+    assert _server(server_class)._mp_ctx.get_start_method() == "forkserver"
+    monkeypatch.setenv(run_workers.ENV, "spawn")
+    assert srv._mp_ctx.get_start_method() == "spawn"
+
+
+def test_a_wrong_start_method_names_the_variable(monkeypatch):
+    monkeypatch.setenv(run_workers.ENV, "fork")
+    with pytest.raises(ValueError, match="LAKEHOUSE_RUN_WORKER_START='fork'"):
+        run_workers.start_method()
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    cmd = f.read().decode(errors="replace").replace("\0", " ")
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == pid:
+                out.append((int(d), cmd))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start", ["forkserver", "spawn"])
+def test_launched_arrow_loads_run_in_workers_of_the_code_server(tmp_path, monkeypatch, start):
+    import dagster as dg
+    from dagster._cli.job import _create_run
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from lakehouse.metadata.loader import load_metadata
+    from lakehouse.metadata.store import MetadataStore
+
+    home = tmp_path
+    env = {"LAKEHOUSE_HOME": str(home), "LAKEHOUSE_CONTROL_DB_URL": f"sqlite:///{home / 'control.db'}",
+           "LAKEHOUSE_CATALOG_NAME": "lake_rw", "LAKEHOUSE_CATALOG_URI": f"sqlite:///{home / 'catalog.db'}",
+           "LAKEHOUSE_WAREHOUSE": f"file://{home / 'warehouse'}", "LAKEHOUSE_DATAHUB": "off",
+           "DAGSTER_HOME": str(home / "dagster"), run_workers.ENV: start,
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("LAKEHOUSE_LANDING_DIR", raising=False)
+    (home / "apps.yaml").write_text("""
+sources:
+  - {source_id: extract, kind: files, format: parquet, path: extract/crm, glob: "*.parquet",
+     options: {connection_qualified_name: "default/crm/1", tenant_id: acme}}
+applications:
+  - {application_id: salesforce, source_id: extract, engine: arrow}
+""")
+    MetadataStore(env["LAKEHOUSE_CONTROL_DB_URL"]).apply(load_metadata(home / "apps.yaml"))
+    dh = home / "dagster"
+    dh.mkdir()
+    (dh / "dagster.yaml").write_text(yaml.safe_dump({
+        "telemetry": {"enabled": False}, "code_servers": {"local_startup_timeout": 600},
+        "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"}}))
+    (dh / "workspace.yaml").write_text(yaml.safe_dump({"load_from": [{"python_module": {
+        "module_name": "lakehouse_assets.definitions", "attribute": "defs", "location_name": "lakehouse",
+        "working_directory": str(REPO), "executable_path": sys.executable}}]}))
+    instance = dg.DagsterInstance.from_config(str(dh))
+    landing = home / "landing" / "extract" / "crm"
+    with WorkspaceProcessContext(instance, WorkspaceFileTarget(paths=[str(dh / "workspace.yaml")])) as ctx:
+        server = next(pid for pid, cmd in _children(os.getpid()) if "grpc" in cmd)
+        for n in (1, 2):  # the second run forks from the fork server the first one started
+            path = landing / "wf" / f"run{n}" / "raw" / "account" / "chunk-0.parquet"
+            path.parent.mkdir(parents=True)
+            pq.write_table(pa.Table.from_pylist([{"name": f"r{n}_{i}", "pos": i} for i in range(3)]), path)
+            req = ctx.create_request_context()
+            loc = req.get_code_location("lakehouse")
+            assert req.get_code_location_error("lakehouse") is None
+            repo = next(iter(loc.get_repositories().values()))
+            run = _create_run(instance=instance, code_location=loc, remote_repo=repo,
+                              remote_job=repo.get_full_job("entity_raw__salesforce__load_job"), run_config={},
+                              tags={}, op_selection=None, run_id=None)
+            instance.submit_run(run.run_id, req)
+            deadline = time.monotonic() + 300
+            while instance.get_run_by_id(run.run_id).status.value not in ("SUCCESS", "FAILURE", "CANCELED"):
+                assert time.monotonic() < deadline, "the run did not finish in 300 s"
+                time.sleep(0.2)
+            logs = [e.user_message for e in instance.all_logs(run.run_id)]
+            assert instance.get_run_by_id(run.run_id).status.value == "SUCCESS", "\n".join(logs[-20:])
+            assert any(f"1 file(s), 3 row(s)" in m for m in logs), logs  # the step's own log reached the run
+        forkservers = [pid for pid, cmd in _children(server) if "multiprocessing.forkserver" in cmd]
+        assert len(forkservers) == (1 if start == "forkserver" else 0), _children(server)
+    table = SqlCatalog("lake_rw", uri=env["LAKEHOUSE_CATALOG_URI"], warehouse=env["LAKEHOUSE_WAREHOUSE"]
+                       ).load_table("entity_raw.salesforce")
+    assert table.scan().to_arrow().num_rows == 6
