@@ -129,9 +129,9 @@ class Tree:
 
         self.instance = dg.DagsterInstance.from_config(str(self.home / "dagster"))
         old = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = os.pathsep.join(  # the code server (and its run workers) import this tree
-            p for p in (os.environ.get("BENCH_EXTRA_PATH"), str(self.repo)) if p)  # noqa: E501 (a profiling hook)
-        # (and its run workers) import this tree
+        # the code server (and its run workers) import this tree; BENCH_EXTRA_PATH: e.g. a directory whose
+        # sitecustomize.py profiles the run workers (cProfile)
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("BENCH_EXTRA_PATH"), str(self.repo)) if p)
         try:
             self.ctx = WorkspaceProcessContext(self.instance, WorkspaceFileTarget(
                 paths=[str(self.home / "dagster" / "workspace.yaml")]))
@@ -207,7 +207,7 @@ def main() -> int:
         trees["baseline"] = Tree(args.baseline.resolve(), tmp / "baseline", args.instance)
     results: dict[str, list[tuple[float, float]]] = {k: [] for k in trees}
     print(f"load average before: {os.getloadavg()}", flush=True)
-    for name, t in trees.items():
+    for t in trees.values():
         t.start()
         t.round()  # warm: the first run creates the table and the instance's run storage
     for i in range(args.rounds):

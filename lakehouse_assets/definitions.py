@@ -35,10 +35,10 @@ from lakehouse.metadata.assets import PIPELINE_TAG, pipelines_of_paths
 from lakehouse.metadata.derived import read_structure
 from lakehouse.metadata.model import DEFAULT_CODE_LOCATION, check_ident
 from lakehouse.runner import Platform
+from lakehouse_assets import run_workers
 from lakehouse_assets.dashboard import dashboard_definitions
 from lakehouse_assets.entity_raw_assets import entity_raw_definitions
 from lakehouse_assets.factory import PIPELINES_JOB, Graph, build_source_specs, build_stage_assets, upstream_specs
-from lakehouse_assets import run_workers
 from lakehouse_assets.maintenance_assets import maintenance_definitions
 from lakehouse_assets.run_summary import build_run_summary_sensor
 from resources import IcebergIOManager, LakehouseResource, spark_resource

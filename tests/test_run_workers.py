@@ -133,7 +133,7 @@ applications:
                 time.sleep(0.2)
             logs = [e.user_message for e in instance.all_logs(run.run_id)]
             assert instance.get_run_by_id(run.run_id).status.value == "SUCCESS", "\n".join(logs[-20:])
-            assert any(f"1 file(s), 3 row(s)" in m for m in logs), logs  # the step's own log reached the run
+            assert any("1 file(s), 3 row(s)" in m for m in logs), logs  # the step's own log reached the run
         forkservers = [pid for pid, cmd in _children(server) if "multiprocessing.forkserver" in cmd]
         assert len(forkservers) == (1 if start == "forkserver" else 0), _children(server)
     table = SqlCatalog("lake_rw", uri=env["LAKEHOUSE_CATALOG_URI"], warehouse=env["LAKEHOUSE_WAREHOUSE"]
