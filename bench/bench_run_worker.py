@@ -64,29 +64,27 @@ def _tree(root: int) -> list[int]:
     return out
 
 
-def _cpu_children(root: int) -> float:
-    """CPU of the processes reaped by the code server or its living descendants (with the fork-server
-    start, the fork server reaps the run workers; with spawn, the code server does)."""
+def _cpu(pids: list[int], fields: tuple[int, int]) -> float:
+    """CPU seconds in two /proc/<pid>/stat fields (after the command name), summed over `pids`."""
     hz, total = os.sysconf("SC_CLK_TCK"), 0.0
-    for pid in _tree(root):
+    for pid in pids:
         try:
             f = _stat(pid)
-            total += (int(f[13]) + int(f[14])) / hz
+            total += (int(f[fields[0]]) + int(f[fields[1]])) / hz
         except (OSError, IndexError, ValueError):
             pass
     return total
+
+
+def _cpu_children(root: int) -> float:
+    """CPU of the processes reaped by the code server or its living descendants (with the fork-server
+    start, the fork server reaps the run workers; with spawn, the code server does): cutime + cstime."""
+    return _cpu(_tree(root), (13, 14))
 
 
 def _cpu_own_descendants(root: int) -> float:
-    """Own CPU of the code server's living descendants (the fork server's one-off preload)."""
-    hz, total = os.sysconf("SC_CLK_TCK"), 0.0
-    for pid in _tree(root)[1:]:
-        try:
-            f = _stat(pid)
-            total += (int(f[11]) + int(f[12])) / hz
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
+    """Own CPU (utime + stime) of the code server's living descendants (the fork server's one-off preload)."""
+    return _cpu(_tree(root)[1:], (11, 12))
 
 
 class Tree:
@@ -153,14 +151,13 @@ class Tree:
             if not d.isdigit():
                 continue
             try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = f.read().rsplit(")", 1)[1].split()[1]
-                with open(f"/proc/{d}/cmdline", "rb") as f:
-                    cmd = f.read().decode(errors="replace")
-            except OSError:
+                if _stat(int(d))[1] != me:
+                    continue
+                cmd = Path(f"/proc/{d}/cmdline").read_bytes().decode(errors="replace")
+                env = Path(f"/proc/{d}/environ").read_bytes().decode(errors="replace")
+            except (OSError, IndexError):
                 continue
-            if ppid == me and "grpc" in cmd and str(self.home) in cmd + open(f"/proc/{d}/environ", "rb").read().decode(
-                    errors="replace"):
+            if "grpc" in cmd and str(self.home) in cmd + env:
                 return int(d)
         raise RuntimeError("no code server child found")
 
