@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lakehouse.metadata.model import PartitionField, SortField, Target
+from lakehouse.sql_text import quote, sql_string
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -21,16 +22,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAIN = "main"
-
-
-def quote(name: str) -> str:
-    """Spark SQL identifier quoting: `name` with embedded backticks doubled."""
-    return "`" + name.replace("`", "``") + "`"
-
-
-def sql_string(value: str) -> str:
-    """A Spark SQL string literal."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def ddl_type(dtype) -> str:

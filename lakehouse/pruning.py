@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from lakehouse.sql_text import quote
+
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
@@ -35,7 +37,7 @@ _ORDERED = frozenset({"string", "byte", "short", "integer", "long", "date", "tim
 def _ref(qualifier: str, name: str) -> Column:
     from pyspark.sql import functions as F
 
-    quoted = "`" + name.replace("`", "``") + "`"
+    quoted = quote(name)
     return F.col(f"{qualifier}.{quoted}" if qualifier else quoted)
 
 

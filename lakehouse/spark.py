@@ -11,6 +11,7 @@ from pathlib import Path
 
 from lakehouse.fileperms import apply_umask, hadoop_umask
 from lakehouse.settings import Settings
+from lakehouse.sql_text import quote
 from lakehouse.sqlite_files import prepare_sqlite
 
 _LOCK = threading.Lock()
@@ -208,9 +209,7 @@ def _renew_sqlite_catalog_pool(spark, settings: Settings) -> None:
     key = (settings.catalog_name, settings.catalog_jdbc_url)
     if not settings.catalog_jdbc_url.startswith("jdbc:sqlite:") or key in _RENEWED:
         return
-    # initializes the catalog (quoted here: lakehouse.iceberg imports the metadata model, which the
-    # main thread may be importing while this one starts the session)
-    spark.sql(f"SHOW NAMESPACES IN {_quote(settings.catalog_name)}").collect()
+    spark.sql(f"SHOW NAMESPACES IN {quote(settings.catalog_name)}").collect()  # initializes the catalog
     try:
         jcat = spark._jsparkSession.sessionState().catalogManager().catalog(settings.catalog_name).icebergCatalog()
         cls = jcat.getClass()
@@ -228,11 +227,6 @@ def _renew_sqlite_catalog_pool(spark, settings: Settings) -> None:
 
         logging.getLogger(__name__).warning("could not renew the SQLite catalog's connection pool", exc_info=True)
     _RENEWED.add(key)
-
-
-def _quote(name: str) -> str:
-    """lakehouse.iceberg.quote without its imports."""
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _prepare_local_dirs(settings: Settings) -> None:
@@ -347,7 +341,7 @@ def warm_up(settings: Settings) -> threading.Thread:
         try:
             spark = get_spark(settings)
             # the first statement initializes Spark SQL and the Iceberg catalog: seconds more
-            spark.sql(f"SHOW NAMESPACES IN {_quote(settings.catalog_name)}").collect()
+            spark.sql(f"SHOW NAMESPACES IN {quote(settings.catalog_name)}").collect()
         except Exception:  # noqa: BLE001 - reported by the caller's own get_spark call
             logging.getLogger(__name__).debug("background Spark start failed", exc_info=True)
 
