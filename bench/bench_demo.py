@@ -45,6 +45,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_ingest import PY, REPO, become_subreaper, run  # noqa: E402  (one copy of the timing helpers)
 
+from lakehouse import procstat  # noqa: E402  (one /proc reader for benches and tests)
+
 PIPELINE = "user_events_etl"
 
 HANDWRITTEN = textwrap.dedent(
@@ -100,24 +102,6 @@ HANDWRITTEN = textwrap.dedent(
 )
 
 
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _stat(pid: int) -> tuple[int, str, float] | None:
-    """(parent pid, command name, own CPU seconds) of a live or zombie process from /proc."""
-    return _stat_path(f"/proc/{pid}/stat")
-
-
-def _stat_path(path: str) -> tuple[int, str, float] | None:
-    try:
-        raw = Path(path).read_text()
-    except OSError:
-        return None
-    comm = raw[raw.index("(") + 1:raw.rindex(")")]
-    f = raw.rsplit(")", 1)[1].split()
-    return int(f[1]), comm, (int(f[11]) + int(f[12])) / _TICK
-
-
 def run_accounted(cmd: list[str], env: dict, cwd: Path = REPO, ok: tuple[int, ...] = (0,),
                   threads: dict[str, float] | None = None) -> tuple[float, float, dict[str, float], list[tuple[float, dict[str, float]]]]:
     """`run` with the CPU of each process of the tree: (wall, CPU of the tree, CPU per kind of
@@ -142,26 +126,16 @@ def run_accounted(cmd: list[str], env: dict, cwd: Path = REPO, ok: tuple[int, ..
         return "driver" if pid == proc.pid else "jvm" if comm == "java" else f"child:{comm}"
 
     def sample() -> None:
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            pid = int(d)
-            st = _stat(pid)
-            if st is None:
-                continue
-            ppid, comm, cpu = st
+        for pid, st in procstat.snapshot().items():
+            ppid, comm, cpu = st.ppid, st.comm, st.cpu
             if pid in tree or ppid in tree or (ppid == me and pid != me):
                 tree.add(pid)
                 last[pid] = (kind(pid, comm), cpu)
                 if comm == "java" and threads is not None:
-                    try:
-                        tids = os.listdir(f"/proc/{pid}/task")
-                    except OSError:
-                        tids = []
-                    for tid in tids:
-                        tst = _stat_path(f"/proc/{pid}/task/{tid}/stat")
+                    for tid in procstat.threads(pid):
+                        tst = procstat.read(pid, tid)
                         if tst is not None:  # a thread's last sampled CPU (pooled threads come and go)
-                            by_tid[(pid, tid)] = (re.sub(r"[-#\s]*\d+$", "", tst[1]).strip(), tst[2])
+                            by_tid[(pid, tid)] = (re.sub(r"[-#\s]*\d+$", "", tst.comm).strip(), tst.cpu)
         per: dict[str, float] = {}
         for k, c in last.values():
             per[k] = per.get(k, 0.0) + c
@@ -177,9 +151,9 @@ def run_accounted(cmd: list[str], env: dict, cwd: Path = REPO, ok: tuple[int, ..
         if info is None:
             time.sleep(0.1)
             continue
-        st = _stat(info.si_pid)  # the zombie's final CPU
+        st = procstat.read(info.si_pid)  # the zombie's final CPU
         if st is not None:
-            last[info.si_pid] = (kind(info.si_pid, st[1]), st[2])
+            last[info.si_pid] = (kind(info.si_pid, st.comm), st.cpu)
         _, status = os.waitpid(info.si_pid, 0)
         if info.si_pid == proc.pid:
             code = os.waitstatus_to_exitcode(status)

@@ -55,17 +55,14 @@ def write_hours(folder: Path, name: str, hours: range, rows: int, rng: random.Ra
 
 def tree_cpu() -> float:
     """CPU seconds (user + system) of this process and its child JVMs so far."""
+    from lakehouse import procstat
     from lakehouse.spark import _own_spark_children
 
     me = resource.getrusage(resource.RUSAGE_SELF)
     total = me.ru_utime + me.ru_stime
-    tick = os.sysconf("SC_CLK_TCK")
     for pid in _own_spark_children():
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-        except (OSError, ValueError, IndexError):
-            continue
+        st = procstat.read(pid)
+        total += st.cpu if st is not None else 0.0  # utime + stime
     return total
 
 

@@ -30,6 +30,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from lakehouse import procstat
+
 REPO = Path(__file__).resolve().parent.parent
 META = """
 sources:
@@ -42,49 +44,22 @@ applications:
 JOB = "entity_raw__salesforce__load_job"
 
 
-def _stat(pid: int) -> list[str]:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()
-
-
 def _tree(root: int) -> list[int]:
     """root and its living descendants."""
-    parent = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                parent[int(d)] = int(_stat(int(d))[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    out, todo = [], [root]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(c for c, pp in parent.items() if pp == p)
-    return out
-
-
-def _cpu(pids: list[int], fields: tuple[int, int]) -> float:
-    """CPU seconds in two /proc/<pid>/stat fields (after the command name), summed over `pids`."""
-    hz, total = os.sysconf("SC_CLK_TCK"), 0.0
-    for pid in pids:
-        try:
-            f = _stat(pid)
-            total += (int(f[fields[0]]) + int(f[fields[1]])) / hz
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
+    return procstat.descendants(root)
 
 
 def _cpu_children(root: int) -> float:
     """CPU of the processes reaped by the code server or its living descendants (with the fork-server
     start, the fork server reaps the run workers; with spawn, the code server does): cutime + cstime."""
-    return _cpu(_tree(root), (13, 14))
+    table = procstat.snapshot()
+    return sum(table[p].children_cpu for p in procstat.descendants(root, table) if p in table)
 
 
 def _cpu_own_descendants(root: int) -> float:
     """Own CPU (utime + stime) of the code server's living descendants (the fork server's one-off preload)."""
-    return _cpu(_tree(root)[1:], (11, 12))
+    table = procstat.snapshot()
+    return sum(table[p].cpu for p in procstat.descendants(root, table)[1:] if p in table)
 
 
 class Tree:
@@ -146,19 +121,16 @@ class Tree:
         self.server = self._code_server_pid()
 
     def _code_server_pid(self) -> int:
-        me = str(os.getpid())
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
+        for pid, st in procstat.snapshot().items():
+            if st.ppid != os.getpid():
                 continue
             try:
-                if _stat(int(d))[1] != me:
-                    continue
-                cmd = Path(f"/proc/{d}/cmdline").read_bytes().decode(errors="replace")
-                env = Path(f"/proc/{d}/environ").read_bytes().decode(errors="replace")
-            except (OSError, IndexError):
+                cmd = " ".join(procstat.cmdline(pid) or ())
+                env = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+            except OSError:
                 continue
             if "grpc" in cmd and str(self.home) in cmd + env:
-                return int(d)
+                return pid
         raise RuntimeError("no code server child found")
 
     def round(self) -> tuple[float, float, str]:

@@ -47,6 +47,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from lakehouse import procstat  # noqa: E402  (one /proc reader for benches and tests)
+
 PY = sys.executable
 LAKEHOUSE = str(Path(PY).with_name("lakehouse"))
 STEPS = ("apply", "reapply", "build", "codeserver", "worker", "tick", "run")
@@ -255,20 +257,17 @@ def ratio(vals: list[tuple[float, float]], base: list[tuple[float, float]]) -> s
 def group_usage(pgid: int) -> tuple[dict[int, float], float]:
     """({pid: CPU s}, RSS MB) of the live processes of a process group (dagster dev: the webserver, the
     daemon, the code servers), from /proc."""
-    tick, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+    page = os.sysconf("SC_PAGE_SIZE")
     cpu: dict[int, float] = {}
     rss = 0.0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
+    for pid, st in procstat.snapshot().items():
+        if st.pgrp != pgid:
             continue
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:
-                continue
-            cpu[int(d.name)] = (int(fields[11]) + int(fields[12])) / tick
-            rss += int((d / "statm").read_text().split()[1]) * page / 2**20
+        try:  # statm's resident set is exact (stat's is the kernel's cached per-CPU count)
+            rss += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page / 2**20
         except (OSError, IndexError, ValueError):
             continue
+        cpu[pid] = st.cpu
     return cpu, rss
 
 
@@ -337,9 +336,8 @@ def ui_step(home: Path, env: dict, n: int, page_timeout: int = 600, locations: i
         out["reload CPU, all processes"] = sum(spent.values())
 
         def what(pid: int) -> str:
-            try:
-                argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
-            except OSError:
+            argv = procstat.cmdline(pid)
+            if argv is None:
                 return "?"
             return " ".join(Path(a).name if i == 0 else a for i, a in enumerate(argv[:4]) if a)[:60]
 

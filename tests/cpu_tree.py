@@ -20,6 +20,8 @@ import threading
 import time
 from collections import defaultdict
 
+from lakehouse import procstat
+
 KINDS = ("java", "dagster-daemon", "dagster-webserver", "dagster dev", "api grpc", "execute_run", "lakehouse.cli",
          "bin/lakehouse", "pytest", "postgres", "moto", "chrom")
 
@@ -32,29 +34,19 @@ def _kind(argv: list[str]) -> str:
 
 
 def _sample(root: int, seen: dict[int, tuple[str, float]], stop: threading.Event) -> None:
-    hz = os.sysconf("SC_CLK_TCK")
     while not stop.is_set():
-        parent, cpu = {}, {}
-        for d in os.listdir("/proc"):
-            if d.isdigit():
-                try:
-                    with open(f"/proc/{d}/stat") as f:
-                        fields = f.read().rsplit(")", 1)[1].split()
-                    parent[int(d)], cpu[int(d)] = int(fields[1]), (int(fields[11]) + int(fields[12])) / hz
-                except (OSError, IndexError, ValueError):
-                    pass
+        table = procstat.snapshot()
+        parent = {pid: st.ppid for pid, st in table.items()}
         for pid in parent:
             p, hops = pid, 0
             while p in parent and p != root and hops < 40:
                 p, hops = parent[p], hops + 1
             if p == root and pid != root:
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        argv = f.read().decode(errors="replace").split("\0")
-                except OSError:
+                argv = procstat.cmdline(pid)
+                if argv is None:
                     continue
-                kind = _kind(argv) if argv[0] else seen.get(pid, ("other", 0.0))[0]  # a zombie's is empty
-                seen[pid] = (kind, cpu[pid])
+                kind = _kind(argv) if argv else seen.get(pid, ("other", 0.0))[0]  # a zombie's is empty
+                seen[pid] = (kind, table[pid].cpu)
         time.sleep(0.5)
 
 

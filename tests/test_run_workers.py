@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from lakehouse import procstat
 from lakehouse_assets import run_workers
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,17 +61,10 @@ def test_a_wrong_start_method_names_the_variable(monkeypatch):
 
 def _children(pid: int) -> list[tuple[int, str]]:
     out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                with open(f"/proc/{d}/cmdline", "rb") as f:
-                    cmd = f.read().decode(errors="replace").replace("\0", " ")
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == pid:
-                out.append((int(d), cmd))
+    for child, st in procstat.snapshot().items():
+        argv = procstat.cmdline(child) if st.ppid == pid else None
+        if argv is not None:
+            out.append((child, " ".join(argv)))
     return out
 
 
