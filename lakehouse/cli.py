@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "lakehouse":
-    # the `lakehouse` process itself: a run that surely needs Spark launches its JVM now, before
-    # the imports below (~0.7 s) and Dagster's (lakehouse.spark.start_early)
+if __name__ == "__main__":
+    # `python -m lakehouse.cli` (the benches' way in) launches a run's JVM before the imports below,
+    # as the console script does (lakehouse._entry); importing this module never does
     from lakehouse.settings import load_settings
     from lakehouse.spark import start_early
 

@@ -101,11 +101,37 @@ def test_no_guess_without_a_reason(home, tmp_path, monkeypatch, demo_db):
 
 
 def test_the_command_line_starts_nothing_when_imported(home, tmp_path, demo_db):
-    """Importing lakehouse.cli (tests, other programs) never starts a JVM: only the `lakehouse`
-    process itself (`python -m lakehouse.cli`, the console script) guesses."""
+    """Importing lakehouse.cli (tests, the Dagster layer, other programs) never starts a JVM, even
+    in a process whose argv looks like `lakehouse run` (it once was keyed on argv[0]): only the
+    program's entry (the console script, `python -m lakehouse`, `python -m lakehouse.cli`) guesses."""
     _demo(demo_db, tmp_path)
-    code = ("import sys; sys.argv = ['x', 'run', 'user_events_etl']; import lakehouse.cli, lakehouse.spark as s; "
-            "print(s._EARLY)")
+    code = ("import sys; sys.argv = [sys.argv[1], 'run', 'user_events_etl']; import lakehouse.cli; "
+            "import lakehouse_assets.cli, lakehouse.spark as s; print(s._EARLY)")
     env = {**os.environ, "LAKEHOUSE_HOME": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "{}"
+    for argv0 in (str(Path(sys.executable).with_name("lakehouse")), "x"):
+        out = subprocess.run([sys.executable, "-c", code, argv0], env=env, cwd=REPO, capture_output=True, text=True,
+                             check=True)
+        assert out.stdout.strip() == "{}", (argv0, out.stdout, out.stderr)
+
+
+@pytest.mark.parametrize("how", ["console script", "python -m lakehouse"])
+def test_the_entry_guesses_before_importing_the_command_line(home, tmp_path, demo_db, monkeypatch, how):
+    """The console script's target and `python -m lakehouse` call start_early with the process's
+    argv, then the command line: the installed script points at the entry, not at lakehouse.cli."""
+    import runpy
+    from importlib.metadata import entry_points
+
+    import lakehouse.cli
+
+    _demo(demo_db, tmp_path)
+    monkeypatch.setattr(sys, "argv", ["lakehouse", "run", "user_events_etl"])
+    monkeypatch.setattr(lakehouse.cli, "main", lambda: home.append("cli.main") or 7)
+    script = entry_points(group="console_scripts", name="lakehouse")
+    assert [ep.value for ep in script] == ["lakehouse._entry:main"]  # the installed one (reinstall after a change)
+    if how == "console script":
+        assert next(iter(script)).load()() == 7
+    else:
+        with pytest.raises(SystemExit) as exit_:
+            runpy.run_module("lakehouse", run_name="__main__", alter_sys=False)
+        assert exit_.value.code == 7
+    assert home == ["release_jvm_at_exit", load_settings().catalog_name, "cli.main"]
