@@ -135,3 +135,96 @@ def test_the_entry_guesses_before_importing_the_command_line(home, tmp_path, dem
             runpy.run_module("lakehouse", run_name="__main__", alter_sys=False)
         assert exit_.value.code == 7
     assert home == ["release_jvm_at_exit", load_settings().catalog_name, "cli.main"]
+
+
+E2E_META = """
+pipelines:
+  - {pipeline_id: early_sql}
+  - {pipeline_id: early_arrow}
+sources:
+  - {source_id: early_events, kind: files, format: jsonl, path: events, glob: "*.jsonl"}
+targets:
+  - {target_id: early_sql_t, namespace: silver, table: early_sql, write_mode: append}
+  - {target_id: early_arrow_t, namespace: bronze, table: early_arrow, engine: arrow}
+stages:
+  - {pipeline_id: early_sql, stage_order: 1, stage_name: make, layer: silver, target_id: early_sql_t,
+     transformation: "SELECT 1 AS id, 'a' AS kind"}
+  - {pipeline_id: early_arrow, stage_order: 1, stage_name: ingest, layer: bronze, source_id: early_events,
+     target_id: early_arrow_t}
+"""
+
+
+def _run_watching_spark(env: dict[str, str], cwd: Path, *args: str) -> tuple[int, str, dict[int, float], set[str]]:
+    """`lakehouse <args>` through the installed console script, its process tree sampled every 50 ms:
+    (exit code, output, {pid: start time (epoch)} of the Spark JVMs it launched, every command
+    name seen in its tree). The JVM is the child PySpark starts as `spark-submit`, exec'd into
+    java SparkSubmit under the same pid: its start time is when PySpark launched it."""
+    import threading
+    import time
+
+    from lakehouse import procstat
+    from tests.fixtures.dagster_dev import VENV_BIN
+
+    proc = subprocess.Popen([str(VENV_BIN / "lakehouse"), *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
+    reader.start()
+    spark: dict[int, float] = {}
+    comms: set[str] = set()
+    deadline = time.monotonic() + 900
+    while proc.poll() is None and time.monotonic() < deadline:
+        table = procstat.snapshot()
+        for pid in procstat.descendants(proc.pid, table)[1:]:
+            if pid not in table:
+                continue
+            comms.add(table[pid].comm)
+            argv = " ".join(procstat.cmdline(pid) or ())
+            if table[pid].ppid == proc.pid and ("SparkSubmit" in argv or "spark-submit" in argv):
+                spark.setdefault(pid, table[pid].start_epoch())
+        time.sleep(0.05)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    reader.join(30)
+    return proc.returncode, "".join(out), spark, comms
+
+
+@pytest.mark.slow
+def test_a_real_lakehouse_run_launches_its_jvm_before_the_command_lines_imports(tmp_path):
+    """`lakehouse run` of a pipeline with a SQL stage, as a real process: its one JVM was launched
+    before the process began importing the `run` command's module (lakehouse_assets.cli, loaded by
+    lakehouse.cli.main once lakehouse.cli's own imports are done; without the early launch the run
+    starts its JVM later, from that module's cmd_run). The marker is that module's bytecode file,
+    written under a fresh PYTHONPYCACHEPREFIX when the process compiled it, just before running it.
+    And an Arrow-only pipeline's `lakehouse run` starts no JVM at all."""
+    import importlib.util
+
+    from lakehouse.metadata.loader import load_metadata
+    from lakehouse.metadata.store import MetadataStore
+    from tests.fixtures.dagster_dev import platform_env
+
+    home = tmp_path / "home"
+    (home / "landing" / "events").mkdir(parents=True)
+    (home / "landing" / "events" / "a.jsonl").write_text('{"id": 1, "kind": "a"}\n{"id": 2, "kind": "b"}\n')
+    (tmp_path / "meta.yaml").write_text(E2E_META)
+    MetadataStore(f"sqlite:///{home / 'control.db'}").apply(load_metadata(tmp_path / "meta.yaml"))
+    pycache = tmp_path / "pycache"
+    env = platform_env(home, PYTHONPYCACHEPREFIX=str(pycache), LAKEHOUSE_DATAHUB="off")
+    env.pop("LAKEHOUSE_METADATA_DIR", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # the marker is a bytecode file the run writes
+
+    code, out, spark, _ = _run_watching_spark(env, tmp_path, "run", "early_sql")
+    assert code == 0, out
+    assert len(spark) == 1, (spark, out)  # the early JVM is the run's: no second launch
+    source = importlib.import_module("lakehouse_assets.cli").__file__
+    # PYTHONPYCACHEPREFIX mirrors the source's directory: <prefix>/<its absolute path>/cli.<tag>.pyc
+    marker = pycache / Path(source).parent.relative_to("/") / Path(importlib.util.cache_from_source(source)).name
+    assert marker.is_file(), sorted(str(p) for p in pycache.rglob("cli.*.pyc"))
+    jvm_start, imported = next(iter(spark.values())), marker.stat().st_mtime
+    assert jvm_start < imported, (f"the JVM was launched {jvm_start - imported:.2f} s after the run began importing "
+                                  "lakehouse_assets.cli: not before lakehouse.cli's imports (lakehouse._entry)")
+
+    code, out, spark, comms = _run_watching_spark(env, tmp_path, "run", "early_arrow")
+    assert code == 0, out
+    assert "bronze/early_arrow  published" in out and spark == {} and "java" not in comms, (spark, comms, out)
