@@ -137,6 +137,22 @@ def test_the_entry_guesses_before_importing_the_command_line(home, tmp_path, dem
     assert home == ["release_jvm_at_exit", load_settings().catalog_name, "cli.main"]
 
 
+def test_python_m_lakehouse_cli_guesses_too(home, tmp_path, demo_db, monkeypatch):
+    """`python -m lakehouse.cli run ...` (the benches' and the concurrency kit's way in) launches
+    early from cli.py's `__main__` branch, before the command line parses its arguments (here
+    an option it refuses, so nothing runs)."""
+    import runpy
+    import warnings
+
+    _demo(demo_db, tmp_path)
+    monkeypatch.setattr(sys, "argv", ["lakehouse.cli", "run", "user_events_etl", "--no-such-option"])
+    with warnings.catch_warnings(), pytest.raises(SystemExit) as exit_:
+        warnings.simplefilter("ignore", RuntimeWarning)  # runpy: lakehouse.cli is imported already
+        runpy.run_module("lakehouse.cli", run_name="__main__", alter_sys=False)
+    assert exit_.value.code == 2
+    assert home == ["release_jvm_at_exit", load_settings().catalog_name]
+
+
 E2E_META = """
 pipelines:
   - {pipeline_id: early_sql}
