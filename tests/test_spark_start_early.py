@@ -114,6 +114,14 @@ def test_the_command_line_starts_nothing_when_imported(home, tmp_path, demo_db):
         assert out.stdout.strip() == "{}", (argv0, out.stdout, out.stderr)
 
 
+def test_only_the_program_imports_the_entry():
+    """The entry launches a JVM when called, so no module imports it but `python -m lakehouse`'s."""
+    import grimp
+
+    graph = grimp.build_graph("lakehouse", "lakehouse_assets", "resources", "sensors", "schedules", cache_dir=None)
+    assert graph.find_modules_that_directly_import("lakehouse._entry") == {"lakehouse.__main__"}
+
+
 @pytest.mark.parametrize("how", ["console script", "python -m lakehouse"])
 def test_the_entry_guesses_before_importing_the_command_line(home, tmp_path, demo_db, monkeypatch, how):
     """The console script's target and `python -m lakehouse` call start_early with the process's
