@@ -254,20 +254,11 @@ def release_jvm_at_exit() -> None:
 
 def _own_spark_children() -> list[int]:
     """Pids of this process's child JVMs running SparkSubmit (Linux /proc; [] elsewhere)."""
-    me, out = os.getpid(), []
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return out
-    for d in proc.iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid == me and b"SparkSubmit" in (d / "cmdline").read_bytes():
-                out.append(int(d.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
+    from lakehouse import procstat
+
+    me = os.getpid()
+    return [st.pid for st in procstat.snapshot().values()
+            if st.ppid == me and any("SparkSubmit" in arg for arg in procstat.cmdline(st.pid) or ())]
 
 
 def stop_spark() -> None:

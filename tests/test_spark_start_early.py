@@ -252,3 +252,19 @@ def test_a_real_lakehouse_run_launches_its_jvm_before_the_command_lines_imports(
     code, out, spark, comms = _run_watching_spark(env, tmp_path, "run", "early_arrow")
     assert code == 0, out
     assert "bronze/early_arrow  published" in out and spark == {} and "java" not in comms, (spark, comms, out)
+
+
+def test_the_exit_handler_finds_only_its_own_spark_submit_children():
+    """release_jvm_at_exit kills what `_own_spark_children` names: this process's children whose
+    command line runs SparkSubmit, never another child or another process's JVM."""
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    jvm_like = subprocess.Popen([*sleeper, "org.apache.spark.deploy.SparkSubmit", "pyspark-shell"])
+    other = subprocess.Popen(sleeper)
+    try:
+        found = sparkmod._own_spark_children()
+        assert jvm_like.pid in found
+        assert other.pid not in found
+    finally:
+        for p in (jvm_like, other):
+            p.kill()
+            p.wait()
