@@ -12,6 +12,9 @@ schema contract is checked with pandera's pyspark backend (schema-only, no data 
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import logging
+import operator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +23,8 @@ from lakehouse.metadata.model import Rule
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
+
+log = logging.getLogger(__name__)
 
 SAMPLE_ROWS = 5
 FAILED_RULES_COLUMN = "_failed_rules"
@@ -376,6 +381,7 @@ class RowPass:
     not_nullable: list[str]
     fresh_cols: list[str]
     key_errors: dict[str, str] = field(default_factory=dict)  # keys whose aggregate failed on the data
+    unique_counts: dict[str, tuple[int, int]] = field(default_factory=dict)  # rule -> (rows, keys) duplicated
 
     @classmethod
     def plan(cls, df: DataFrame, rules: list[Rule], exclude: set[str] = frozenset()) -> RowPass:
@@ -398,8 +404,7 @@ class RowPass:
         return {"total", *(f"f:{n}" for n in self.conds), *(f"n:{c}" for c in self.not_nullable),
                 *(f"m:{c}" for c in self.fresh_cols)}
 
-    def aggregates(self, keys: set[str] | None = None) -> list[Column]:
-        """The aggregates computing `keys` (all keys by default), each aliased to its key."""
+    def _aggregates(self) -> dict[str, Column]:
         from pyspark.sql import functions as F
 
         aggs = {"total": F.count(F.lit(1))}
@@ -407,7 +412,11 @@ class RowPass:
         aggs |= {f"n:{c}": F.sum(F.when(_col(c).isNull(), 1).otherwise(0)) for c in self.not_nullable}
         # epoch seconds, not a timestamp: observed metrics come back through py4j, plain numbers only
         aggs |= {f"m:{c}": F.max(_col(c).cast("timestamp").cast("double")) for c in self.fresh_cols}
-        return [a.alias(k) for k, a in aggs.items() if keys is None or k in keys]
+        return aggs
+
+    def aggregates(self, keys: set[str] | None = None) -> list[Column]:
+        """The aggregates computing `keys` (all keys by default), each aliased to its key."""
+        return [a.alias(k) for k, a in self._aggregates().items() if keys is None or k in keys]
 
     @staticmethod
     def merge(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
@@ -423,10 +432,12 @@ class RowPass:
                 out[k] = (cur or 0) + (v or 0)
         return out
 
-    def resolve(self, df: DataFrame, sources: dict[str, dict[str, Any] | None]
+    def resolve(self, df: DataFrame, sources: dict[str, dict[str, Any] | None], unique: Rule | None = None
                 ) -> tuple[dict[str, Any], dict[str, str]]:
         """Every key's value, from the first of the named `sources` holding it, the rest by one
-        pass over `df`; and, per key, the name of where its value came from."""
+        pass over `df`; and, per key, the name of where its value came from. With a `unique` rule
+        over `df` itself, that pass also counts its duplicates (`unique_counts`): one group-by on
+        the rule's key instead of a pass for the keys and another for the rule."""
         values: dict[str, Any] = {}
         origin: dict[str, str] = {}
         for label, src in sources.items():
@@ -434,6 +445,15 @@ class RowPass:
                 if src and k in src:
                     values[k], origin[k] = src[k], label
         missing = self.keys() - values.keys()
+        if unique is not None:
+            try:
+                got, self.unique_counts[unique.name] = self._grouped(df, missing, unique.columns)
+                values.update(got)
+                origin.update(dict.fromkeys(missing, "rows"))
+                return values, origin
+            except Exception:  # noqa: BLE001 - counted apart below, where a failing rule fails only its own check
+                log.debug("one pass for the row keys and rule %r failed; counting them apart", unique.name,
+                          exc_info=True)
         if missing:
             try:
                 values.update(df.agg(*self.aggregates(missing)).collect()[0].asDict())
@@ -441,6 +461,25 @@ class RowPass:
             except Exception:  # noqa: BLE001 - a rule failing at run time must fail only its own check
                 self._resolve_apart(df, missing, values, origin)
         return values, origin
+
+    def _grouped(self, df: DataFrame, keys: set[str], columns: list[str]) -> tuple[dict[str, Any], tuple[int, int]]:
+        """`keys` and a unique rule's (duplicated rows, duplicated keys) in one aggregation: the rows
+        grouped by the rule's key with each key's partial aggregate, then one global aggregate over
+        the groups (counts add up, maxima take the max). A key with a NULL part is no duplicate."""
+        from pyspark.sql import functions as F
+
+        names = sorted(keys)
+        aggs = self._aggregates()
+        per_key = df.groupBy(*[_col(c).alias(f"__g{i}") for i, c in enumerate(columns)]).agg(
+            F.count(F.lit(1)).alias("__rows"), *[aggs[k].alias(f"__k{i}") for i, k in enumerate(names)])
+        dup = functools.reduce(operator.and_, [F.col(f"__g{i}").isNotNull() for i in range(len(columns))],
+                               F.col("__rows") > 1)
+        outer = [(F.max if k.startswith("m:") else F.sum)(f"__k{i}") for i, k in enumerate(names)]
+        row = per_key.agg(*[F.coalesce(a, F.lit(0)) if k == "total" else a  # count(*) of no rows is 0
+                            for a, k in zip(outer, names, strict=True)],
+                          F.coalesce(F.sum(F.when(dup, F.col("__rows"))), F.lit(0)),
+                          F.count(F.when(dup, F.lit(1)))).collect()[0]
+        return {k: row[i] for i, k in enumerate(names)}, (int(row[len(names)]), int(row[len(names) + 1]))
 
     def _resolve_apart(self, df: DataFrame, keys: set[str], values: dict[str, Any], origin: dict[str, str]) -> None:
         """Count each key on its own; a rule whose count fails (`raise_error`, a cast error under
@@ -485,11 +524,12 @@ def evaluate_rules(df: DataFrame, rules: list[Rule], *, context: dict[str, Any] 
         outcomes[name] = CheckOutcome(r, False, 0, 0, describe(r), message=err, details={"error": err})
     metrics = context.get("file_metrics")
     agg, origin = rp.resolve(df, {"iceberg_file_statistics": metrics.answer(rp) if metrics is not None else None,
-                                  "observed_on_write": context.get("observed")})
+                                  "observed_on_write": context.get("observed")}, _shared_unique(df, enabled, context))
     total = int(agg["total"] or 0)
     nulls = {c: int(agg[f"n:{c}"] or 0) for c in rp.not_nullable}
     context = {**context, "_newest": {c: _from_epoch(agg[f"m:{c}"]) for c in rp.fresh_cols},
-               "_newest_from": {c: origin[f"m:{c}"] for c in rp.fresh_cols}, "_total_from": origin["total"]}
+               "_newest_from": {c: origin[f"m:{c}"] for c in rp.fresh_cols}, "_total_from": origin["total"],
+               "_unique_counts": rp.unique_counts}
     for name, cond in rp.conds.items():
         r = next(x for x in enabled if x.name == name)
         if f"f:{name}" in rp.key_errors:
@@ -509,6 +549,17 @@ def evaluate_rules(df: DataFrame, rules: list[Rule], *, context: dict[str, Any] 
                 outcomes[r.name] = CheckOutcome(r, False, 0, total, describe(r), message=str(exc),
                                                 details={"error": str(exc)})
     return [outcomes[r.name] for r in enabled]
+
+
+def _shared_unique(df: DataFrame, rules: list[Rule], context: dict[str, Any]) -> Rule | None:
+    """The first `unique` rule whose rows are `df` itself (the audit's table is the same frame as its
+    new rows: a write that replaced the whole branch), so that its group-by can count the row keys
+    too; None when there is none or its columns are not all there (its own check says so)."""
+    if context.get("table", df) is not df:
+        return None
+    have = {c.lower() for c in df.columns}
+    return next((r for r in rules if r.type == "unique" and r.columns
+                 and all(c.lower() in have for c in r.columns)), None)
 
 
 def row_outcome(r: Rule, failed: int, total: int, sample: list[dict[str, Any]], counted_from: str) -> CheckOutcome:
@@ -600,8 +651,11 @@ def dataset_rule(df: DataFrame | None, r: Rule, total: int, context: dict[str, A
                 mine.select(*[_col(c).alias(c) for c in r.columns]).distinct(), list(r.columns), "left_semi")
         dup = (rows.groupBy(*[_col(c) for c in r.columns]).agg(F.count(F.lit(1)).alias("__rows"))
                .where("__rows > 1"))
-        stats = dup.agg(F.coalesce(F.sum("__rows"), F.lit(0)), F.count(F.lit(1))).collect()[0]
-        dups, keys = int(stats[0]), int(stats[1])
+        counted = context.get("_unique_counts", {}).get(r.name) if df is table else None
+        if counted is None:
+            stats = dup.agg(F.coalesce(F.sum("__rows"), F.lit(0)), F.count(F.lit(1))).collect()[0]
+            counted = int(stats[0]), int(stats[1])
+        dups, keys = counted
         sample = _sample(dup.withColumnRenamed("__rows", "rows")) if dups else []
         return CheckOutcome(r, dups == 0, dups, int(context.get("row_count_after", total)), expr, sample,
                             f"{dups} rows share {keys} duplicated key(s)" if dups else "all keys unique",

@@ -329,13 +329,15 @@ class AuditedWrite:
         return self._quarantine
 
     # ------------------------------------------------------------------ audit
-    def new_rows(self) -> DataFrame:
+    def new_rows(self, branch_df: DataFrame | None = None) -> DataFrame:
         """The rows this run adds: an incremental read of the branch's own appends; when writes
         replaced data, the branch's rows where they wrote (a merge: the rows of the merged keys, read
         through their pruning predicate; a partition overwrite: the rows of those partitions), or
-        the whole branch when a write did not say where."""
+        the whole branch when a write did not say where (`branch_df` itself, when given: the audit
+        then sees that its rows and its table are one frame, and counts them in one pass)."""
         head = self.tables.snapshot_id(self.ident, self.branch)
-        branch_df = self.tables.read(self.ident, self.branch)
+        if branch_df is None:
+            branch_df = self.tables.read(self.ident, self.branch)
         if not self.appends_only:
             scope = self._scope()
             return branch_df if scope is None else branch_df.where(scope)
@@ -384,7 +386,8 @@ class AuditedWrite:
             return None
 
     def audit(self) -> list[CheckOutcome]:
-        return evaluate_rules(self.new_rows(), self.rules, context=self.context())
+        context = self.context()
+        return evaluate_rules(self.new_rows(context["table"]), self.rules, context=context)
 
     # ------------------------------------------------------------------ publish
     def branch_tables(self) -> list[str]:
