@@ -385,6 +385,9 @@ def _probe_jsonl(fh, limits, expect: dict[str, Any]) -> FileProbe:
 #: files up to this size may be probed by pyarrow's JSON reader first: the whole file, its lines and
 #: the parsed table are in memory at once (a few times the file's size); larger files stream
 ARROW_PROBE_MAX_BYTES = 32 << 20
+#: pyarrow parses blocks of this size in parallel (a block always holds whole lines); the result
+#: is the one a single block gives (its type inference promotes across blocks)
+ARROW_PROBE_BLOCK_BYTES = 1 << 20
 #: every digit -> "0", anything else -> " ": a run of 19 zeros may be an integer past int64 (pyarrow
 #: reads it as a double, Spark's inference as decimal(38,0)); a bytes search, not a regex, over the file
 _DIGITS = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))
@@ -399,7 +402,9 @@ def _probe_jsonl_arrow(p: Path, limits, expect: dict[str, Any]) -> FileProbe | N
     one JSON object per line, no type conflict (pyarrow refuses those; Spark's rules would make a
     string), no integer past int64, names distinct regardless of case, depth and field counts under
     the limits, no decimal column to check, and every value of a checked column accepted by the same
-    predicate (`_fitter`)."""
+    predicate (`_fitter`, vectorised by `_arrow_fits`). The file is parsed once: the checked date and
+    timestamp columns of its first line are read as text (pyarrow would take them for timestamps and
+    lose their spelling)."""
     try:
         if p.stat().st_size > ARROW_PROBE_MAX_BYTES or any(
                 getattr(t, "typeName", lambda: "")() == "decimal" for t in expect.values()):
@@ -408,50 +413,65 @@ def _probe_jsonl_arrow(p: Path, limits, expect: dict[str, Any]) -> FileProbe | N
         if not data or data.startswith(b"\xef\xbb\xbf"):
             return None
         data.decode("utf-8")  # pyarrow passes invalid UTF-8 through; Spark's reader would not (ValueError)
-        lines = data.split(b"\n")
-        longest = max(map(len, lines))
-        records = list(filter(None, map(bytes.strip, lines)))
+        shape = _line_shape(data)
+        if shape is None:
+            return None
+        longest, records, first = shape
         max_chars = min(limits.max_field_chars, SPARK_JSON_MAX_STRING)
-        # pyarrow takes a `null` line for an empty row; the Python probe refuses it
-        if longest > limits.max_line_bytes or longest > max_chars or b"null" in records \
-                or b"0" * 19 in data.translate(_DIGITS):
+        if longest > limits.max_line_bytes or longest > max_chars:
             return None
         import pyarrow as pa
         import pyarrow.json as pjson
+
+        block = len(data) + 1 if len(data) < 2 * ARROW_PROBE_BLOCK_BYTES else max(ARROW_PROBE_BLOCK_BYTES, 2 * longest + 2)
 
         def read(text_columns: list[str]) -> pa.Table:
             parse = pjson.ParseOptions(explicit_schema=pa.schema([(n, pa.string()) for n in text_columns]),
                                        unexpected_field_behavior="infer") if text_columns else None
             return pjson.read_json(pa.BufferReader(data), parse_options=parse,
-                                   read_options=pjson.ReadOptions(block_size=len(data) + 1))
+                                   read_options=pjson.ReadOptions(block_size=block))
 
-        fits = {k: f for k, t in expect.items() if (f := _fitter(t)) is not None}
-        table = read([])
+        fits = {k: t for k, t in expect.items() if _fitter(t) is not None}
+        dated = {k for k, t in fits.items() if t.typeName() in _DATETIME_TEXT}
+        text: list[str] = []
+        if dated:  # their spelling in the file, from its first line (explicit columns come first: reordered below)
+            keys = json.loads(first)
+            if type(keys) is not dict:
+                return None
+            text = [k for k in keys if k.lower() in dated]
+        try:
+            table = read(text)
+        except pa.ArrowInvalid:
+            if not text:
+                raise
+            text = []  # a checked timestamp given as a JSON number: read as pyarrow infers
+            table = read(text)
         stamped = [n for n, t in zip(table.column_names, table.schema.types, strict=True)
                    if n.lower() in fits and (pa.types.is_timestamp(t) or pa.types.is_date(t))]
         if stamped:  # checked columns pyarrow took for timestamps: read again as text (the spelling is checked)
-            table = read(stamped).select(table.column_names)  # explicit columns come first: the file's order
-        if table.num_rows == 0 or table.num_rows != len(records):
+            table = read(text + stamped).select(table.column_names)
+        if text:  # the file's order: the first line's keys, then the others as pyarrow met them
+            table = table.select(list(keys) + [n for n in table.column_names if n not in keys])
+        if table.num_rows == 0 or table.num_rows != records:
             return None  # two objects on one line, or an empty file: the Python probe says so
         depth, count = arrow_shape(table.schema)
         if depth >= limits.max_depth or count >= limits.max_columns:
             return None
         if _name_problem(table.schema.names, "") or _nested_name_problem(table.schema):
             return None
+        if any(_has_double(t) for t in table.schema.types) and b"0" * 19 in data.translate(_DIGITS):
+            return None  # maybe an integer past int64, which pyarrow read as a double
         from pyspark.sql.types import StructField, StructType
 
         fields = []
         for name, column in zip(table.column_names, table.columns, strict=True):
-            fit = fits.get(name.lower())
-            if fit is not None:
+            want = fits.get(name.lower())
+            if want is not None:
                 if column.null_count == len(column):
                     continue  # no value but null: no column (as the Python probe infers)
-                if not (pa.types.is_int64(column.type) or pa.types.is_float64(column.type)
-                        or pa.types.is_boolean(column.type) or pa.types.is_string(column.type)):
+                if not _arrow_fits(column, want):
                     return None
-                if not all(fit(v) for v in column.unique().drop_null().to_pylist()):
-                    return None
-                fields.append(StructField(name, expect[name.lower()]))
+                fields.append(StructField(name, want))
                 continue
             t = _arrow_spark_type(column.type)
             if t is not None:
@@ -459,6 +479,87 @@ def _probe_jsonl_arrow(p: Path, limits, expect: dict[str, Any]) -> FileProbe | N
         return FileProbe(schema=StructType(fields), rows=table.num_rows, read_key="jsonl")
     except Exception:  # noqa: BLE001 - anything unusual: the Python probe decides and explains
         return None
+
+
+_BLANK = b" \t\n\r\x0b\x0c"  # what bytes.strip() strips
+
+
+def _line_shape(data: bytes) -> tuple[int, int, bytes] | None:
+    """(longest line in bytes, lines holding a record, the first record's line) of a file, or None
+    when a line is `null` (pyarrow takes it for an empty row; the Python probe refuses it) or no line
+    holds anything. Every line starting with "{" is the common case, decided with numpy over the
+    line ends; otherwise each line is stripped in Python."""
+    import numpy as np
+
+    buf = np.frombuffer(data, dtype=np.uint8)
+    ends = np.flatnonzero(buf == 10)
+    starts = np.concatenate(([0], ends + 1))
+    ends = np.concatenate((ends, [len(data)]))
+    if starts[-1] == len(data):  # the file ends with a newline: no last line
+        starts, ends = starts[:-1], ends[:-1]
+    if len(starts) and bool((buf[starts] == 0x7B).all()):  # every line starts with "{": none blank or null
+        return int((ends - starts).max()), len(starts), data[:ends[0]]
+    lines = data.split(b"\n")
+    records = list(filter(None, map(bytes.strip, lines)))
+    if not records or b"null" in records:
+        return None
+    return max(map(len, lines)), len(records), records[0]
+
+
+def _has_double(t) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_floating(t):
+        return True
+    if pa.types.is_struct(t):
+        return any(_has_double(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _has_double(t.value_type)
+    return False
+
+
+# the strict core of Spark's date and timestamp grammar (`spark_datetime`), as an RE2 pattern that
+# pyarrow runs over a whole column: a 4-digit year, a day that exists in every year (the 29th of
+# February is left to the Python predicate), 24-hour time, up to 6 fraction digits, Z or an offset
+# up to ±18:00. Every text it matches the predicate accepts (tests/test_probe_vectorised.py);
+# what it does not match goes to the predicate, one distinct value at a time.
+_RE_DATE = (r"[0-9]{4}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)"
+            r"|(?:0[13578]|1[02])-31)")
+_RE_TIME = r"[T ](?:[01][0-9]|2[0-3])(?::[0-5][0-9](?::[0-5][0-9](?:\.[0-9]{1,6})?%s)?)?"
+_RE_ZONE = r"(?:Z|[+-](?:0[0-9]|1[0-7]):[0-5][0-9]|[+-]18:00)?"
+_FAST_TEXT = {"timestamp": f"^{_RE_DATE}(?:{_RE_TIME % _RE_ZONE})?$",
+              "timestamp_ntz": f"^{_RE_DATE}(?:{_RE_TIME % ''})?$",
+              "date": f"^{_RE_DATE}(?:[T ].*)?$"}
+
+
+def _arrow_fits(column, dtype) -> bool:
+    """`_fitter(dtype)` over every non-null value of a pyarrow column, vectorised: integers by their
+    minimum and maximum, dates and timestamps by `_FAST_TEXT` and the predicate for the rest; a
+    column of another JSON type than the one `dtype` takes fails as one value of it would."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    name, t = dtype.typeName(), column.type
+    if name in _INT_RANGES:
+        if not pa.types.is_int64(t):
+            return False
+        bound = _INT_RANGES[name]
+        low, high = pc.min_max(column).values()
+        return -bound <= low.as_py() and high.as_py() < bound
+    if name in ("double", "float"):
+        return pa.types.is_int64(t) or pa.types.is_float64(t)
+    if name == "boolean":
+        return pa.types.is_boolean(t)
+    if name in _FAST_TEXT:
+        if name == "timestamp" and pa.types.is_int64(t):
+            return True  # seconds since the epoch; every int64 is in range
+        if not pa.types.is_string(t):
+            return False
+        rest = column.filter(pc.invert(pc.match_substring_regex(column, _FAST_TEXT[name])))
+        fit = _fitter(dtype)
+        return all(fit(v) for v in rest.unique().to_pylist())
+    fit = _fitter(dtype)
+    return all(fit(v) for v in column.unique().drop_null().to_pylist())
 
 
 def _arrow_spark_type(t):
