@@ -9,12 +9,8 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-import pytest
-
 from lakehouse.metadata.model import Rule
 from lakehouse.validation.rules import evaluate_rules
-
-pytestmark = pytest.mark.slow
 
 NOW = dt.datetime(2026, 11, 27, 12, 0, 0)
 ROWS = [  # event_id, user_id, event_type, event_ts, day
