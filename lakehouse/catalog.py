@@ -25,6 +25,9 @@ def _uri(settings: Settings) -> str:
 
 
 _METADATA_CACHE_TABLES = 1024
+#: the tables' FileIO: a local warehouse's metadata without importing pyarrow.dataset and pandas
+#: (a Spark run's driver reads only metadata), PyArrow's for data files and S3 (lakehouse.iceberg_fileio)
+FILE_IO = {"py-io-impl": "lakehouse.iceberg_fileio.LocalMetadataFileIO"}
 _CATALOG_CLASS: type | None = None
 
 
@@ -125,7 +128,8 @@ def _open(settings: Settings, uri: str):
     def attempt():
         return retry.call(retry.CREATE_RACE,
                           lambda: _sql_catalog_class()(settings.catalog_name, uri=uri,
-                                                       warehouse=settings.warehouse, pool_pre_ping="true"),
+                                                       warehouse=settings.warehouse, pool_pre_ping="true",
+                                                       **FILE_IO),
                           what="creating the Iceberg catalog's tables", also=already_exists)
 
     cat = ride_out(attempt, database=describe_url(settings.catalog_uri), what="opening the Iceberg catalog",
@@ -167,7 +171,8 @@ def readonly_catalog(settings: Settings):
         in_use = path.with_name(path.name + "-wal").exists()
         uri = f"sqlite:///file:{path}?mode=ro&uri=true" + ("" if in_use else "&immutable=1")
     try:
-        return SqlCatalog(settings.catalog_name, uri=uri, warehouse=settings.warehouse, init_catalog_tables="false")
+        return SqlCatalog(settings.catalog_name, uri=uri, warehouse=settings.warehouse, init_catalog_tables="false",
+                          **FILE_IO)
     except Exception as exc:  # noqa: BLE001 - no live catalog: the checks use the metadata alone
         log.warning("Iceberg catalog not readable (%s); checking against the metadata only", exc)
         return None

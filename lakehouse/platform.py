@@ -72,9 +72,12 @@ class Platform:
         from lakehouse.spark import warm_up, while_starting
 
         thread = warm_up(self.settings)  # the one `lakehouse run` launched before its imports, if any
-        # the first table load imports PyIceberg's pyarrow FileIO (pyarrow.dataset, pandas: ~0.5-1 s
-        # of CPU): done by the step that waits for the JVM while it waits (lakehouse.spark.while_starting)
-        while_starting(_import_file_io)
+        if self.settings.warehouse_path is None:
+            # a remote warehouse's metadata is read with PyIceberg's pyarrow FileIO (pyarrow.dataset,
+            # pandas: ~0.5 s of CPU): imported by the step that waits for the JVM while it waits
+            # (lakehouse.spark.while_starting). A local one's is read with plain files
+            # (lakehouse.iceberg_fileio): a Spark run's driver then never imports it
+            while_starting(_import_file_io)
         return thread
 
     def tables(self) -> IcebergTables:

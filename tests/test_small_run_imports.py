@@ -6,7 +6,8 @@ ingestion framework and telemetry are not needed at all) are imported, nor is da
 code location's Spark resource imports it when a step first asks for a session). pyspark itself
 still is, without a JVM: the files path of both engines (probe, `lakehouse.ingest.reconcile`)
 uses its type classes as its schema model. A code server's import of the definitions imports
-neither."""
+neither. A Spark run's driver reads table metadata without PyIceberg's pyarrow FileIO, so without
+pyarrow.dataset and pandas (lakehouse.iceberg_fileio)."""
 
 from __future__ import annotations
 
@@ -43,18 +44,18 @@ SCRIPT = textwrap.dedent("""
     from lakehouse import cli
     code = cli.main(sys.argv[1:])
     print("MODULES " + json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in
-                                         ("networkx", "datahub", "mixpanel", "httpx",
-                                                                 "dagster_pyspark", "pyspark"))))
+                                         ("networkx", "datahub", "mixpanel", "httpx", "dagster_pyspark",
+                                          "pyspark", "pandas", "pyarrow", "pyiceberg"))))
     sys.stdout.flush()
     cli.exit_without_teardown(code)
 """)
 
 
-@pytest.mark.slow  # two platform processes
-def test_an_arrow_run_imports_no_networkx_nor_datahub_ingestion(tmp_path):
+def _run_small(tmp_path, meta: str):
+    """`lakehouse metadata apply` + `lakehouse run small` in fresh processes: (the run, its modules)."""
     home = tmp_path / "home"
     home.mkdir()
-    (home / "meta.yaml").write_text(META)
+    (home / "meta.yaml").write_text(meta)
     landing = home / "landing" / "events"
     landing.mkdir(parents=True)
     (landing / "a.jsonl").write_text("".join(json.dumps({"id": i if i != 3 else None, "v": i}) + "\n"
@@ -71,7 +72,13 @@ def test_an_arrow_run_imports_no_networkx_nor_datahub_ingestion(tmp_path):
     run = lakehouse("run", "small")
     assert run.returncode == 3, (run.stdout, run.stderr)  # success with a warning: one row quarantined
     assert "bronze/events  published" in run.stdout and "id_present warn 1 failing" in run.stdout, run.stdout
-    modules = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("MODULES "))[8:])
+    return run, json.loads(next(line for line in run.stdout.splitlines() if line.startswith("MODULES "))[8:])
+
+
+@pytest.mark.slow  # two platform processes
+def test_an_arrow_run_imports_no_networkx_nor_datahub_ingestion(tmp_path):
+    home = tmp_path / "home"
+    run, modules = _run_small(tmp_path, META)
     loaded = {m for m in modules if m in NOT_IMPORTED or m.split(".")[0] in NOT_IMPORTED}
     assert not loaded, f"a small Arrow run imported {sorted(loaded)}"
     # lineage is still emitted with acryl-datahub (the proposals below), by a child beside the run
@@ -112,3 +119,23 @@ def test_importing_the_definitions_imports_neither_pyspark_nor_dagster_pyspark(t
     assert before == []
     # the session, when asked for, comes from dagster-pyspark's lazy resource with the same conf
     assert base_module == "dagster_pyspark.resources" and same_conf
+
+
+#: the same files into a Spark bronze, and a SQL stage on Spark after it
+SPARK_META = META.replace("engine: arrow}", "engine: spark}\n  - {target_id: silver_events, namespace: silver, "
+                          "table: events, engine: spark}").replace(
+    "validation_set_id: rules}\n", "validation_set_id: rules}\n  - {pipeline_id: small, stage_order: 2, "
+    "stage_name: refine, layer: silver, target_id: silver_events,\n     transformation: "
+    "\"SELECT id, v FROM bronze.events WHERE id IS NOT NULL\"}\n")
+
+
+@pytest.mark.slow  # two platform processes and a JVM
+def test_a_spark_run_reads_table_metadata_without_pyarrow_dataset_nor_pandas(tmp_path):
+    """A Spark run's driver uses PyIceberg for metadata only (loads, snapshots, manifests, pins,
+    audits): on a local warehouse through plain files (lakehouse.iceberg_fileio), so neither PyIceberg's
+    pyarrow FileIO nor pyarrow.dataset and pandas (~0.5 s of CPU) are imported; Spark writes the data."""
+    run, modules = _run_small(tmp_path, SPARK_META)
+    assert "silver/events  published" in run.stdout, run.stdout
+    assert "pyspark.sql.session" in modules and "pyiceberg.catalog.sql" in modules, modules  # the guard can fail
+    heavy = sorted(m for m in modules if m in ("pyiceberg.io.pyarrow", "pyarrow.dataset") or m.split(".")[0] == "pandas")
+    assert not heavy, f"a Spark run's driver imported {heavy[:5]}"
