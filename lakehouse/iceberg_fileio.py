@@ -56,10 +56,11 @@ class LocalFile(InputFile, OutputFile):
             raise FileNotFoundError(f"Cannot open file, is a directory: {self.location}") from exc
 
     def create(self, overwrite: bool = False) -> OutputStream:
-        if not overwrite and self.exists():
-            raise FileExistsError(f"Cannot create file, already exists: {self.location}")
         os.makedirs(os.path.dirname(self._path), exist_ok=True)  # as PyIceberg's local file system does
-        return open(self._path, "wb")  # noqa: SIM115 - the caller closes it
+        try:  # without `overwrite` an exclusive create: of two writers one gets FileExistsError
+            return open(self._path, "wb" if overwrite else "xb")  # noqa: SIM115 - the caller closes it
+        except FileExistsError as exc:
+            raise FileExistsError(f"Cannot create file, already exists: {self.location}") from exc
 
     def to_input_file(self) -> LocalFile:
         return self
