@@ -74,7 +74,7 @@ class Platform:
         thread = warm_up(self.settings)  # the one `lakehouse run` launched before its imports, if any
         if self.settings.warehouse_path is None:
             # a remote warehouse's metadata is read with PyIceberg's pyarrow FileIO (pyarrow.dataset,
-            # pandas: ~0.5 s of CPU): imported by the step that waits for the JVM while it waits
+            # pandas: ~0.3 s of CPU): imported by the step that waits for the JVM while it waits
             # (lakehouse.spark.while_starting). A local one's is read with plain files
             # (lakehouse.iceberg_fileio): a Spark run's driver then never imports it
             while_starting(_import_file_io)

@@ -1,7 +1,7 @@
 """The platform's PyIceberg FileIO (lakehouse.iceberg_fileio): a local warehouse's metadata through
 plain files, data files and remote locations through PyArrow's FileIO. What a Spark run's driver
 does with PyIceberg — load tables, read snapshots and manifests, commit a property — imports
-neither pyarrow.dataset nor pandas (issue 21: ~0.5 s of CPU per run); the Arrow engine's reads and
+neither pyarrow.dataset nor pandas (issue 21: ~0.3 s of CPU per Spark run); the Arrow engine's reads and
 writes of data files still go through PyArrow's native streams."""
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ SPARK_META = META.replace("engine: arrow}", "engine: spark}\n  - {target_id: sil
 def test_a_spark_run_reads_table_metadata_without_pyarrow_dataset_nor_pandas(tmp_path):
     """A Spark run's driver uses PyIceberg for metadata only (loads, snapshots, manifests, pins,
     audits): on a local warehouse through plain files (lakehouse.iceberg_fileio), so neither PyIceberg's
-    pyarrow FileIO nor pyarrow.dataset and pandas (~0.5 s of CPU) are imported; Spark writes the data."""
+    pyarrow FileIO nor pyarrow.dataset and pandas (~0.3 s of CPU) are imported; Spark writes the data."""
     run, modules = _run_small(tmp_path, SPARK_META)
     assert "silver/events  published" in run.stdout, run.stdout
     assert "pyspark.sql.session" in modules and "pyiceberg.catalog.sql" in modules, modules  # the guard can fail
