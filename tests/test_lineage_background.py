@@ -5,6 +5,7 @@ when it ran (the real one is covered by tests/test_datahub*.py and test_small_ru
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -24,7 +25,7 @@ def recorded(tmp_path, monkeypatch):
         time.sleep(0.3)  # slower than the caller: a child must be waited for
         with open(log, "a") as fh:
             fh.write(json.dumps({"stage": runner.stage, "pid": os.getpid(), "start": start, "end": time.time(),
-                                 "success": success}) + "\n")
+                                 "success": success, "gc": gc.isenabled()}) + "\n")
         if runner.stage == "boom":
             raise RuntimeError("emission failed")
 
@@ -46,6 +47,8 @@ def test_in_background_emits_in_children_in_order_and_waits(recorded):
     # all of them, in order; the child that failed ("boom" raised in it) had its stage emitted again here
     assert [r["stage"] for r in rows] == ["bronze", "silver", "boom", "boom", "gold"]
     assert [r["pid"] == os.getpid() for r in rows] == [False, False, False, True, False]
+    # a child collects no cycles (a full collection would copy the parent's heap); the parent still does
+    assert [r["gc"] for r in rows] == [False, False, False, True, False] and gc.isenabled()
     assert all(a["end"] <= b["start"] for a, b in zip(rows, rows[1:], strict=False))  # one at a time
     assert rows[-1]["end"] > returned  # the caller went on while the last one ran; the block waited for it
     assert not background._pending and not background._state["enabled"]
