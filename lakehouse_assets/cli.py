@@ -8,6 +8,7 @@ imports this package (an import-linter contract checks that).
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 
 from lakehouse.alerts import run_finished
@@ -53,6 +54,10 @@ def cmd_run(args) -> int:
     defs = build_definitions(platform, pipelines=[args.pipeline])
     job = pipeline_job(defs, args.pipeline)
     quiet = {} if args.verbose else {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    # what is alive now (the imported modules, the definitions, the instance) lives until the process
+    # ends: the cyclic collector's full collections during the run need not traverse it again (~20 %
+    # of a small run's CPU went to them). New objects are still collected; as in the code server
+    gc.freeze()
     # the selection named again: a run records only the selection it is given (as a UI run's), which
     # the run summary sensor and the kill switch read. Each stage's DataHub emission runs beside the
     # run on the other core (lakehouse.lineage.background); the block ends when the last one is out.
