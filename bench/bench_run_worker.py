@@ -44,11 +44,6 @@ applications:
 JOB = "entity_raw__salesforce__load_job"
 
 
-def _tree(root: int) -> list[int]:
-    """root and its living descendants."""
-    return procstat.descendants(root)
-
-
 def _cpu_children(root: int) -> float:
     """CPU of the processes reaped by the code server or its living descendants (with the fork-server
     start, the fork server reaps the run workers; with spawn, the code server does): cutime + cstime."""
@@ -141,7 +136,7 @@ class Tree:
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist([{"table_name": f"t{i}", "pos": i} for i in range(10)]), path)
         before = _cpu_children(self.server)
-        alive = set(_tree(self.server))  # the code server and its long-lived helpers (a fork server)
+        alive = set(procstat.descendants(self.server))  # the code server and its long-lived helpers (a fork server)
         req = self.ctx.create_request_context()
         loc = req.get_code_location("lakehouse")
         repo = next(iter(loc.get_repositories().values()))
@@ -156,7 +151,7 @@ class Tree:
             time.sleep(0.1)
         wall = time.monotonic() - started
         deadline = time.monotonic() + 60
-        while set(_tree(self.server)) - alive and time.monotonic() < deadline:
+        while set(procstat.descendants(self.server)) - alive and time.monotonic() < deadline:
             time.sleep(0.1)  # the worker ends and is reaped a moment after the run's status is final
         return _cpu_children(self.server) - before, wall, r.status.value
 
