@@ -60,6 +60,12 @@ def test_demo_pipeline_end_to_end(demo_platform):
     assert md["rows_written"].value == bronze.num_rows
     assert int(md["snapshot_id"].value) == cat.load_table("bronze.user_events").current_snapshot().snapshot_id
     assert "event_type" in md["partition_spec"].value
+    # the demo's bronze target is `engine: auto`: its small landing is written by PyIceberg + Arrow
+    # (no JVM), the SQL stages by Spark, and each materialization says which engine ran and why
+    assert md["engine"].value == "arrow"
+    assert md["engine_reason"].value.startswith("auto: ") and "<=" in md["engine_reason"].value
+    for key in ("silver/user_events", "gold/daily_user_events"):
+        assert mats[key].materialization.metadata["engine"].value == "spark"
     checks = {(c.asset_key.to_user_string(), c.check_name): c.passed for c in result.get_asset_check_evaluations()}
     assert checks[("silver/user_events", "event_id_unique")] is True
     assert checks[("gold/daily_user_events", "totals_cover_users")] is True
