@@ -84,8 +84,14 @@ _RULES: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     (AUDIT_FAILED, ("AuditFailed",), ()),
     (CONFIGURATION, ("ConfigurationError", "MetadataError", "SqlParseError", "RuleError"), ()),
     (STEP_TIMEOUT, ("StepTimeout",), (r"cancelled part of cancelled job group",)),
-    # pyiceberg's own CommitFailedException (a Python class); the JVM's comes from _JAVA_CODES
-    (ICEBERG_COMMIT_CONFLICT, ("CommitFailedException", "CommitConflict"), ()),
+    # pyiceberg's own CommitFailedException (a Python class); the JVM's comes from _JAVA_CODES. The
+    # message: a commit to one branch built on metadata that a concurrent commit to another branch of
+    # the table has since moved (the table's one sequence-number counter); the catalog refuses it as
+    # a ValueError (PyIceberg) or ValidationException (Java) before anything is stored, where it
+    # means what CommitFailedException means: reload and commit again (apache/iceberg#15001, #15126)
+    (ICEBERG_COMMIT_CONFLICT, ("CommitFailedException", "CommitConflict"), (
+        r"Cannot add snapshot with sequence number \d+ older than last sequence number \d+",
+    )),
     (OUT_OF_MEMORY, ("MemoryError", "OutOfMemory"), (
         # an executor's failure the driver only has as Spark's stage-failure text (no cause to read)
         r"Java heap space",
