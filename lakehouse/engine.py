@@ -15,7 +15,7 @@ Plain data and rules only: the engines themselves are `SparkEngine` here and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,7 @@ from lakehouse.metadata.model import ENGINES, Target
 if TYPE_CHECKING:
     from lakehouse.core import Batch, ExtractPlan, StageContext
     from lakehouse.iceberg import IcebergTables
-    from lakehouse.metadata.model import Application, MetadataCatalog, Rule
+    from lakehouse.metadata.model import Application, MetadataCatalog, Rule, Stage
     from lakehouse.platform import Platform
 
 #: the engine of a target when neither it nor the platform setting `engine.default` names one.
@@ -138,7 +138,12 @@ def may_need_spark(catalog: MetadataCatalog, pipeline_id: str) -> bool:
     """Whether a run of the pipeline may need Spark before its input is known: some stage the
     Arrow engine would not write (SQL, another source kind, engine spark...). `lakehouse run`
     warms a JVM up only then; an `auto` stage whose input turns out too big starts it when it gets there."""
-    for stage in catalog.stages_of(pipeline_id):
+    return stages_may_need_spark(catalog, catalog.stages_of(pipeline_id))
+
+
+def stages_may_need_spark(catalog: MetadataCatalog, stages: Iterable[Stage]) -> bool:
+    """`may_need_spark` for some stages (a run's selection): any of them the Arrow engine would not write."""
+    for stage in stages:
         target = catalog.target(stage.target_id)
         if asked_engine(catalog, target)[0] == "spark":
             return True

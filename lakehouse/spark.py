@@ -315,6 +315,12 @@ def start_early(argv: list[str], settings_of: Callable[[], Settings]) -> threadi
     return warm_up(settings)
 
 
+def started_or_starting() -> bool:
+    """Whether this process has its session, or a `warm_up` is starting it."""
+    running = _EARLY.get("thread")
+    return _SESSION is not None or (running is not None and running.is_alive())
+
+
 def warm_up(settings: Settings) -> threading.Thread:
     """Start the process's SparkSession and its catalog on a thread of its own; the first
     `get_spark` waits for it, a failure is left for that call to raise. PySpark is imported on

@@ -7,6 +7,7 @@ import os
 import dagster as dg
 from pydantic import Field
 
+from lakehouse.cli import _env_flag as env_flag
 from lakehouse.platform import Platform
 from lakehouse.s3access import S3Clients
 from lakehouse.settings import ENV_VARS, Settings, load_settings
@@ -66,6 +67,38 @@ class LakehouseResource(dg.ConfigurableResource):
     def platform(self) -> Platform:
         return Platform.from_settings(self.settings(),
                                       S3Clients.from_resource(self.s3) if self.s3 is not None else None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        """A run the UI, a sensor or a schedule launched starts its JVM here, once per run before its
+        first step, when a selected stage may need Spark (`lakehouse.engine.stages_may_need_spark`):
+        the JVM then starts on the other core while Dagster sets the steps up and an Arrow load runs,
+        as `lakehouse run` launches its own before its imports (lakehouse_assets/cli.py). A run of
+        Arrow-only stages starts none; LAKEHOUSE_SPARK_WARMUP=0 leaves the start to the first step
+        that asks for the session."""
+        run = context.dagster_run
+        if run is None or not run.asset_selection or not env_flag("LAKEHOUSE_SPARK_WARMUP", True):
+            return
+        from lakehouse.engine import stages_may_need_spark
+        from lakehouse.spark import started_or_starting
+
+        if started_or_starting():
+            return
+        from lakehouse_assets.factory import stage_asset_key  # the one place a stage's key is made
+
+        platform = self.platform()
+        catalog = platform.store.load(["stages", "targets", "sources", "validation_rules", "platform_settings"])
+        selected = [s for s in catalog.stages if stage_asset_key(catalog, s) in run.asset_selection]
+        if stages_may_need_spark(catalog, selected):
+            platform.warm_spark()
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        """A JVM still starting when the run ends (its Spark stages were skipped: switched off,
+        nothing new) is killed rather than left to finish starting on the cores other runs use;
+        one with a session is left alone (`lakehouse.spark.release_jvm_at_exit`)."""
+        if context.dagster_run is not None:
+            from lakehouse.spark import release_jvm_at_exit
+
+            release_jvm_at_exit()
 
 
 def _resolved(value: str | None) -> str | None:

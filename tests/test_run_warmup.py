@@ -1,0 +1,93 @@
+"""A run launched by the UI, a sensor or a schedule starts its JVM before its first step when a
+selected stage may need Spark (`LakehouseResource.setup_for_execution`), as `lakehouse run` does
+before its imports: decided from the control DB by `lakehouse.engine.stages_may_need_spark` for the
+run's asset selection. No JVM here: `Platform.warm_spark` is replaced by a recorder."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from lakehouse import spark as sparkmod
+from lakehouse.engine import stages_may_need_spark
+from lakehouse.metadata.loader import load_metadata
+from lakehouse.metadata.store import MetadataStore
+from lakehouse.platform import Platform
+from lakehouse.settings import load_settings
+from resources.lakehouse import LakehouseResource
+from tests.test_arrow_engine import META, RULES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def started(tmp_path, monkeypatch) -> list[str]:
+    monkeypatch.setenv("LAKEHOUSE_HOME", str(tmp_path))
+    for name in ("LAKEHOUSE_CONTROL_DB_URL", "LAKEHOUSE_SPARK_WARMUP"):
+        monkeypatch.delenv(name, raising=False)
+    calls: list[str] = []
+    monkeypatch.setattr(Platform, "warm_spark", lambda self: calls.append(self.settings.catalog_name))
+    monkeypatch.setattr(sparkmod, "started_or_starting", lambda: False)  # the test process's own session aside
+    store = MetadataStore(load_settings().control_db_url)
+    store.apply(load_metadata(REPO / "metadata" / "demo"))
+    arrow = tmp_path / "arrow.yaml"
+    arrow.write_text(META.replace("ENGINE", "auto").replace(
+        "RULES", textwrap.indent(textwrap.dedent(RULES).strip(), "      ")) + "\n")
+    store.apply(load_metadata(arrow))
+    return calls
+
+
+def _setup(*paths: list[str], run: bool = True) -> None:
+    dagster_run = dg.DagsterRun(job_name="__ASSET_JOB", asset_selection=frozenset(dg.AssetKey(p) for p in paths)) \
+        if run else None
+    context = dg.InitResourceContext(resource_config=None, resources=None, resource_def=None, all_resource_defs={},
+                                     dagster_run=dagster_run)
+    LakehouseResource().setup_for_execution(context)
+
+
+def test_a_selection_with_a_sql_stage_starts_the_jvm_before_the_first_step(started):
+    _setup(["bronze", "user_events"], ["silver", "user_events"], ["gold", "daily_user_events"])  # Materialize all
+    assert started == [load_settings().catalog_name]
+    started.clear()
+    _setup(["gold", "daily_user_events"])  # a SQL stage alone
+    assert len(started) == 1
+
+
+def test_arrow_stages_start_none(started):
+    _setup(["bronze", "user_events"])  # the demo's bronze: engine auto, a file load the Arrow engine writes
+    _setup(["bronze", "events"])  # an Arrow-only pipeline
+    _setup(["entity_raw", "salesforce"], ["maintenance", "silver"])  # keys that are no stage: left to the steps
+    assert started == []
+
+
+def test_nothing_to_decide_from_starts_none(started, monkeypatch):
+    _setup(run=False)  # a sensor's or a schedule's evaluation: no run
+    _setup()  # a run without an asset selection (an op job): its steps start Spark when they need it
+    monkeypatch.setenv("LAKEHOUSE_SPARK_WARMUP", "0")
+    _setup(["silver", "user_events"])
+    assert started == []
+
+
+def test_the_decision_is_the_runs_own(started):
+    """The same rule as `lakehouse run`'s (`may_need_spark` is it over a pipeline's stages)."""
+    catalog = MetadataStore(load_settings().control_db_url).load()
+    demo = catalog.stages_of("user_events_etl")
+    assert stages_may_need_spark(catalog, demo)
+    assert not stages_may_need_spark(catalog, [s for s in demo if s.layer == "bronze"])
+    assert not stages_may_need_spark(catalog, catalog.stages_of("events_etl"))
+
+
+def test_a_jvm_still_starting_at_the_runs_end_is_released(monkeypatch):
+    """The run's resources are torn down once, after its last step: a JVM the warm-up is still
+    starting then (its Spark stages were skipped) is killed; `release_jvm_at_exit` leaves a session alone."""
+    released: list[bool] = []
+    monkeypatch.setattr(sparkmod, "release_jvm_at_exit", lambda: released.append(True))
+    run = dg.DagsterRun(job_name="__ASSET_JOB", asset_selection=frozenset({dg.AssetKey(["silver", "user_events"])}))
+    for dagster_run in (run, None):
+        context = dg.InitResourceContext(resource_config=None, resources=None, resource_def=None,
+                                         all_resource_defs={}, dagster_run=dagster_run)
+        LakehouseResource().teardown_after_execution(context)
+    assert released == [True]
