@@ -189,3 +189,13 @@ def test_alternating_engines_stay_exactly_once_under_concurrent_processes(tmp_pa
     assert kit.counts(cat, ident, "id") == Counter(expected.files)
     assert kit.counts(cat, ident + "__quarantine", "v") == Counter(expected.quarantined)
     assert set(cat.load_table(ident).metadata.refs) == {"main"}
+
+
+@pytest.mark.parametrize("text", ["foo", "array<int", "struct<a:int", "int; drop table x"])
+def test_a_declared_type_that_does_not_parse_is_named_with_a_session_up(spark, text):
+    """With a session up, what the plain-Python grammar lacks goes to Spark's parser; a type neither
+    parses is the same ValueError as without one (not Spark's ParseException)."""
+    from lakehouse.ingest.prepare import _parse_type
+
+    with pytest.raises(ValueError, match="cannot parse type"):
+        _parse_type(text)

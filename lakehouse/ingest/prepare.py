@@ -172,7 +172,11 @@ def _parse_type(text: str) -> DataType:
             raise
         from pyspark.sql.types import _parse_datatype_string
 
-        return _parse_datatype_string(text)
+        try:
+            return _parse_datatype_string(text)
+        except Exception as exc:  # Spark's ParseException: the same error as without a session
+            detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ValueError(f"cannot parse type {text!r}: {detail}") from exc
 
 
 def _parse_ddl_type(text: str) -> DataType:
