@@ -326,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     (`exit_without_teardown`), a list (a caller in the same process, e.g. a test) returns the code."""
     _load_extra_commands()
     args = build_parser().parse_args(argv)
+    # whether the command owns its process: only then may it change process-wide state (`lakehouse
+    # run`'s answer to pyarrow's pandas probes, lakehouse.pyarrow_probes); a caller in the same process may not
+    args.own_process = argv is None
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

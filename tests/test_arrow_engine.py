@@ -179,6 +179,11 @@ def test_lakehouse_run_of_an_arrow_pipeline_starts_no_jvm(lake, tmp_path, capsys
     assert sorted(r["id"] for r in rows_of(lake, "bronze.events")) == [1, 2, 3]
     started = lake.store.audit_entries(event="stage_started")
     assert started[-1].details["engine"] == "arrow" and started[-1].details["engine_reason"].startswith("auto: ")
+    # called in this process (not as its own command line), the run leaves pyarrow's pandas probes
+    # alone: the test session may use pandas with pyarrow (lakehouse.pyarrow_probes)
+    from lakehouse import pyarrow_probes
+
+    assert not pyarrow_probes.applied()
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -40,15 +40,18 @@ validation_rules:
 """
 
 SCRIPT = textwrap.dedent("""
-    import gc, json, sys
-    from lakehouse import cli
-    code = cli.main(sys.argv[1:])
-    print(f"FROZEN {gc.get_freeze_count()}")
-    print("MODULES " + json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in
-                                         ("networkx", "datahub", "mixpanel", "httpx", "dagster_pyspark",
-                                          "pyspark", "pandas", "pyarrow", "pyiceberg"))))
-    sys.stdout.flush()
-    cli.exit_without_teardown(code)
+    import atexit, gc, json, sys
+    from lakehouse import cli, pyarrow_probes
+
+    def report():
+        print(f"FROZEN {gc.get_freeze_count()}")
+        print(f"PROBES {json.dumps(pyarrow_probes.applied())}")
+        print("MODULES " + json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in
+                                             ("networkx", "datahub", "mixpanel", "httpx", "dagster_pyspark",
+                                              "pyspark", "pandas", "pyarrow", "pyiceberg"))))
+
+    atexit.register(report)
+    cli.main()  # argv None: the command owns the process, as `lakehouse ...` does, and ends it (after `report`)
 """)
 
 
@@ -76,6 +79,11 @@ def _run_small(tmp_path, meta: str):
     return run, json.loads(next(line for line in run.stdout.splitlines() if line.startswith("MODULES "))[8:])
 
 
+def _probes_answered(run) -> bool:
+    """Whether the run answered pyarrow's pandas probes without pandas (lakehouse.pyarrow_probes)."""
+    return json.loads(next(line for line in run.stdout.splitlines() if line.startswith("PROBES "))[7:])
+
+
 @pytest.mark.slow  # two platform processes
 def test_an_arrow_run_imports_no_networkx_nor_datahub_ingestion(tmp_path):
     home = tmp_path / "home"
@@ -87,6 +95,10 @@ def test_an_arrow_run_imports_no_networkx_nor_datahub_ingestion(tmp_path):
     assert not any(m.startswith("datahub") for m in modules), modules
     # the guard above can fail: the run's files path does import pyspark's type classes
     assert "pyspark.sql.types" in modules, modules
+    # nor pandas (~300 modules): the Arrow engine's conversions of Python objects would import it for
+    # pyarrow's "is this a pandas object?" probes, which the run answers without it (lakehouse.pyarrow_probes)
+    assert "pyarrow.compute" in modules and _probes_answered(run), modules  # the guard can fail
+    assert not [m for m in modules if m.split(".")[0] == "pandas"], "a small Arrow run imported pandas"
     # what was alive when the job started (modules, definitions, instance) is frozen for the cyclic
     # collector (lakehouse_assets.cli): its full collections during the run skip it
     frozen = int(next(line for line in run.stdout.splitlines() if line.startswith("FROZEN "))[7:])
@@ -144,3 +156,27 @@ def test_a_spark_run_reads_table_metadata_without_pyarrow_dataset_nor_pandas(tmp
     assert "pyspark.sql.session" in modules and "pyiceberg.catalog.sql" in modules, modules  # the guard can fail
     heavy = sorted(m for m in modules if m in ("pyiceberg.io.pyarrow", "pyarrow.dataset") or m.split(".")[0] == "pandas")
     assert not heavy, f"a Spark run's driver imported {heavy[:5]}"
+    assert not _probes_answered(run)  # a run with a SQL stage may convert pandas with pyarrow (DuckDB's side)
+
+
+#: the bronze stage's engine decided at run time: its input (~150 bytes) is over the target's threshold
+AUTO_META = META.replace("engine: arrow}", "engine: auto, arrow_max_bytes: 10}")
+
+
+@pytest.mark.slow  # two platform processes and a JVM
+def test_an_auto_stage_too_big_for_arrow_runs_on_spark_after_the_pandas_probes_were_answered(tmp_path):
+    """An `auto` stage is one the Arrow engine may write, so its run answers pyarrow's pandas probes
+    without pandas before the input is known (lakehouse.pyarrow_probes); input over the threshold is
+    written by Spark after all, whose driver hands pyarrow no pandas objects: the run is as before."""
+    home = tmp_path / "home"
+    run, modules = _run_small(tmp_path, AUTO_META)  # published, one row quarantined, the checks as with Arrow
+    assert _probes_answered(run) and "pyspark.sql.session" in modules, modules
+
+    from lakehouse.metadata.store import MetadataStore
+
+    store = MetadataStore(f"sqlite:///{home / 'control.db'}")
+    started = store.audit_entries(event="stage_started")
+    store.engine.dispose()
+    assert [e.details["engine"] for e in started] == ["spark"], [e.details for e in started]
+    assert started[0].details["engine_reason"].startswith("auto: ") and "> 10 (target bronze_events" in \
+        started[0].details["engine_reason"]
