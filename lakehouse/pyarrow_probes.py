@@ -9,8 +9,11 @@ once, and the C++ side's `InitPandasStaticData` imports it once too (apache/arro
 
 `answer_pandas_probes` runs both probes once with `import pandas` refused, then allows it again.
 Each probe keeps its answer, no pandas, and does not ask again. While pandas is not imported no
-object can be a pandas object, so the answers are right. If something DOES import pandas later in
-the process (tests/test_pyarrow_probes.py):
+object can be a pandas object, so the answers are right. One more answer follows from them: a
+nanosecond timestamp's or duration's `as_py()` is a datetime / timedelta (an error if that would
+drop nanoseconds), not a pandas Timestamp / Timedelta; the platform reads no nanosecond timestamps
+(lakehouse.arrow_engine.arrow_to_spark refuses them, as Spark does). If something DOES import
+pandas later in the process (tests/test_pyarrow_probes.py):
 
 - `Table.to_pandas()` and `Table.from_pandas(df)` still work: the shim retries the import on a
   call that needs pandas, and once it has, its checks see pandas again;

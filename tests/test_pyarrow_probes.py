@@ -32,6 +32,7 @@ def test_answered_probes_keep_pandas_out_and_what_differs_once_pandas_is_importe
         pa.table({"a": [1.5], "t": [datetime.datetime(2026, 1, 1)]}); pc.equal(pa.array(np.arange(3)), 1)
         out = {"answered": answered, "applied": pyarrow_probes.applied(), "finder_gone":
                not any(type(f).__module__ == "lakehouse.pyarrow_probes" for f in sys.meta_path),
+               "ns_as_py": type(pa.scalar(1000, pa.timestamp("ns")).as_py()).__name__,
                "pandas": "pandas" in sys.modules}
 
         import pandas as pd  # something imports pandas after all
@@ -51,6 +52,7 @@ def test_answered_probes_keep_pandas_out_and_what_differs_once_pandas_is_importe
     """)
     assert out["answered"] and out["applied"] and out["finder_gone"]
     assert not out["pandas"], "a conversion imported pandas after the probes were answered"
+    assert out["ns_as_py"] == "datetime"  # with pandas imported by the probes: pandas' Timestamp
     # once pandas is imported: to_pandas / from_pandas work (the shim retries the import when it
     # needs pandas) and from then on the shim knows a Series again...
     assert out["to_pandas"] == [1, 2] and out["from_pandas"] == [3]
@@ -74,8 +76,9 @@ def test_nothing_is_answered_when_pandas_is_imported_already():
                           "categorical": str(pa.array(pd.Series(pd.Categorical(["a"]))).type),
                           "nat": pa.array([pd.NaT, ns], from_pandas=True).null_count,
                           "ns": pa.array([ns], type=pa.timestamp("ns"))[0].value,
-                          "td": pa.array([pd.Timedelta(1)], type=pa.duration("ns"))[0].value}))
+                          "td": pa.array([pd.Timedelta(1)], type=pa.duration("ns"))[0].value,
+                          "ns_as_py": type(pa.scalar(1000, pa.timestamp("ns")).as_py()).__name__}))
     """)
     assert not out["answered"] and not out["applied"]
     assert out["categorical"].startswith("dictionary<") and out["nat"] == 1
-    assert out["ns"] == 1_767_225_600_000_000_001 and out["td"] == 1
+    assert out["ns"] == 1_767_225_600_000_000_001 and out["td"] == 1 and out["ns_as_py"] == "Timestamp"
