@@ -4,7 +4,7 @@ pyarrow imports pandas on its first conversion of a Python object (`pa.array([..
 `pa.scalar(v)`, even `pa.array(np.arange(3))` or `pc.equal`) only to ask whether the object is a
 pandas one: its Cython shim (`pyarrow.lib._pandas_api`, pandas-shim.pxi) tries `import pandas`
 once, and the C++ side's `InitPandasStaticData` imports it once too (apache/arrow#34994). In a
-1k-row Arrow `lakehouse run` that is ~300 modules and ~0.2 s of the process's ~2.2 s of CPU
+1k-row Arrow `lakehouse run` that is 302 modules and ~0.15-0.18 s of the process's ~2.3 s of CPU
 (issue 21), for a process that never hands pandas objects to pyarrow.
 
 `answer_pandas_probes` runs both probes once with `import pandas` refused, then allows it again.
