@@ -6,7 +6,10 @@ each test gets its own namespace-safe home for the control DB, landing zone and 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import sqlite3
 import uuid
 from pathlib import Path
 
@@ -57,10 +60,39 @@ def spark(lake_home):
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def control_db_at_head(tmp_path_factory) -> Path:
+    """An embedded control DB migrated to the newest revision once per session, by the platform's own
+    first use (Alembic: every revision in order). Tests start from a copy of it (`seed_control_db`):
+    migrating a fresh file loads and runs the ten revisions again, ~0.1 s, and the fast lane did it
+    for over a hundred tests. Migrations themselves are tested on fresh databases in
+    tests/test_control_schema.py, tests/test_metadata.py and tests/test_concurrent_first_start.py."""
+    import sqlalchemy as sa
+
+    from lakehouse.metadata import migrate
+
+    path = tmp_path_factory.mktemp("control_db_at_head") / "control.db"
+    engine = sa.create_engine(f"sqlite:///{path}")
+    migrate.upgrade(engine)
+    migrate.forget(engine)
+    engine.dispose()
+    with contextlib.closing(sqlite3.connect(path)) as conn:  # all of it in the file itself, none in a -wal
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return path
+
+
+def seed_control_db(template: Path, home: Path) -> None:
+    """`home`/control.db as a copy of the session's control DB at head (its mode too: owner-only)."""
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copy(template, home / "control.db")
+
+
 @pytest.fixture
-def settings(lake_home, tmp_path, monkeypatch):
-    """Settings for one test: its own home, control DB, Iceberg catalog (a new catalog name
-    registered at run time on the shared SparkSession), warehouse, landing zone and staging."""
+def settings(lake_home, tmp_path, monkeypatch, control_db_at_head):
+    """Settings for one test: its own home, control DB (at the newest revision), Iceberg catalog (a
+    new catalog name registered at run time on the shared SparkSession), warehouse, landing zone and
+    staging."""
+    seed_control_db(control_db_at_head, tmp_path)
     monkeypatch.setenv("LAKEHOUSE_HOME", str(tmp_path))
     monkeypatch.setenv("LAKEHOUSE_CONTROL_DB_URL", f"sqlite:///{tmp_path / 'control.db'}")
     monkeypatch.setenv("LAKEHOUSE_CATALOG_NAME", "lake_" + uuid.uuid4().hex[:10])

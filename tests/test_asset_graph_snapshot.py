@@ -21,13 +21,15 @@ from lakehouse.metadata.store import MetadataStore
 from lakehouse.platform import Platform
 from lakehouse.settings import load_settings
 from lakehouse.throughput.profiles import op_priority
+from tests.conftest import seed_control_db
 
 DEMO = Path(__file__).resolve().parent.parent / "metadata" / "demo"
 
 
 @pytest.fixture
-def demo_platform(tmp_path, monkeypatch) -> Platform:
+def demo_platform(tmp_path, monkeypatch, control_db_at_head) -> Platform:
     """A platform on a fresh home after `lakehouse metadata apply metadata/demo` (no Spark)."""
+    seed_control_db(control_db_at_head, tmp_path)
     monkeypatch.setenv("LAKEHOUSE_HOME", str(tmp_path))
     for var in ("LAKEHOUSE_CONTROL_DB_URL", "LAKEHOUSE_CATALOG_URI", "LAKEHOUSE_WAREHOUSE", "LAKEHOUSE_CATALOG_NAME",
                 "LAKEHOUSE_METADATA_DIR", "LAKEHOUSE_S3_ENDPOINT_URL", "LAKEHOUSE_DEFS_TRACE"):

@@ -33,6 +33,7 @@ from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore, derived_stages
 from lakehouse.runner import Platform
 from lakehouse.settings import load_settings
+from tests.conftest import seed_control_db
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "metadata" / "demo"
@@ -42,8 +43,9 @@ SEED_SQL = ("CREATE TABLE analytics.daily_user_events AS SELECT DATE(event_ts) A
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    """A platform home whose control DB is a fresh SQLite file (no Spark)."""
+def home(tmp_path, monkeypatch, control_db_at_head) -> Path:
+    """A platform home whose control DB is an embedded one at the newest revision (no Spark)."""
+    seed_control_db(control_db_at_head, tmp_path)
     monkeypatch.setenv("LAKEHOUSE_HOME", str(tmp_path))
     for var in ("LAKEHOUSE_CONTROL_DB_URL", "LAKEHOUSE_CATALOG_URI", "LAKEHOUSE_WAREHOUSE", "LAKEHOUSE_CATALOG_NAME",
                 "LAKEHOUSE_DEFS_TRACE"):
@@ -178,8 +180,9 @@ def with_stages(meta: Path, sqls: list[str]) -> None:
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sqls=st.lists(queries(), min_size=1, max_size=6))
-def test_stored_lineage_equals_what_the_sql_gives(tmp_path_factory, sqls):
+def test_stored_lineage_equals_what_the_sql_gives(tmp_path_factory, control_db_at_head, sqls):
     home = tmp_path_factory.mktemp("prop")
+    seed_control_db(control_db_at_head, home)
     meta = home / "meta"
     shutil.copytree(DEMO, meta)
     with_stages(meta, sqls)

@@ -23,13 +23,15 @@ from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore, derived_stages
 from lakehouse.runner import Platform
 from lakehouse.settings import load_settings
+from tests.conftest import seed_control_db
 
 DEMO = Path(__file__).resolve().parent.parent / "metadata" / "demo"
 PIPELINE = "user_events_etl"
 
 
 @pytest.fixture
-def platform(tmp_path, monkeypatch) -> Platform:
+def platform(tmp_path, monkeypatch, control_db_at_head) -> Platform:
+    seed_control_db(control_db_at_head, tmp_path)
     monkeypatch.setenv("LAKEHOUSE_HOME", str(tmp_path))
     for var in ("LAKEHOUSE_CONTROL_DB_URL", "LAKEHOUSE_CATALOG_URI", "LAKEHOUSE_WAREHOUSE", "LAKEHOUSE_CATALOG_NAME"):
         monkeypatch.delenv(var, raising=False)

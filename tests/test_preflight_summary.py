@@ -14,6 +14,7 @@ from lakehouse.cli import main as cli
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.preflight import problems_for
 from lakehouse.run_summary import FAILED, SUCCESS, WARNINGS, CheckReport, RunSummary, StageReport
+from tests.conftest import seed_control_db
 from tests.test_static_checks import SHOP, shop
 
 SHOP_NO_COLUMNS = SHOP.replace("""    columns:
@@ -25,9 +26,9 @@ SHOP_NO_COLUMNS = SHOP.replace("""    columns:
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
+def home(tmp_path, monkeypatch, control_db_at_head) -> Path:
     h = tmp_path / "home"
-    h.mkdir()
+    seed_control_db(control_db_at_head, h)
     monkeypatch.setenv("LAKEHOUSE_HOME", str(h))
     for v in ("LAKEHOUSE_CONTROL_DB_URL", "LAKEHOUSE_CATALOG_URI", "LAKEHOUSE_WAREHOUSE", "LAKEHOUSE_CATALOG_NAME",
               "DAGSTER_HOME"):

@@ -16,11 +16,13 @@ import yaml
 
 from lakehouse.metadata.loader import MetadataError, load_metadata
 from lakehouse.metadata.store import MetadataStore
+from tests.conftest import seed_control_db
 from tests.test_derived_metadata import Watch, copies, derived_rows, store_of
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
+def home(tmp_path, monkeypatch, control_db_at_head) -> Path:
+    seed_control_db(control_db_at_head, tmp_path)
     monkeypatch.setenv("LAKEHOUSE_HOME", str(tmp_path))
     for var in ("LAKEHOUSE_CONTROL_DB_URL", "LAKEHOUSE_CATALOG_URI", "LAKEHOUSE_WAREHOUSE", "LAKEHOUSE_CATALOG_NAME"):
         monkeypatch.delenv(var, raising=False)

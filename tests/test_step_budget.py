@@ -18,6 +18,7 @@ from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.platform import Platform
 from lakehouse.settings import load_settings
+from tests.conftest import seed_control_db
 
 
 def pipeline_yaml(retry_policy: int | None, rule_attempts: int | None) -> str:
@@ -40,7 +41,8 @@ stages:
 
 
 @pytest.fixture
-def platform(tmp_path, monkeypatch) -> Platform:
+def platform(tmp_path, monkeypatch, control_db_at_head) -> Platform:
+    seed_control_db(control_db_at_head, tmp_path)
     monkeypatch.setenv("LAKEHOUSE_HOME", str(tmp_path))
     for var in ("LAKEHOUSE_CONTROL_DB_URL", "LAKEHOUSE_CATALOG_URI", "LAKEHOUSE_WAREHOUSE", "LAKEHOUSE_CATALOG_NAME",
                 "LAKEHOUSE_HEALING_MAX_ATTEMPTS"):
