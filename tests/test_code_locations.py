@@ -1,6 +1,7 @@
 """Several code locations (issue 22): `Pipeline.code_location` splits the definitions, so a reload after
 `metadata apply` rebuilds only the location that changed. No Spark: definitions are built from a
-SQLite control DB; the workspace test starts the two code servers Dagster starts for a workspace."""
+SQLite control DB; the workspace test starts the two code servers Dagster starts for a workspace
+(slow lane: a running part of a Dagster deployment)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,8 @@ def test_each_location_holds_its_pipelines_and_reads_the_others_as_external(appl
     assert set(whole) - {""} == {"p0", "p1", "p2", "p3"}
 
 
+@pytest.mark.slow  # a subprocess tree: Dagster starts a code server (`dagster api grpc`) per location, one after
+# the other, each importing Dagster and building its definitions (4-7 s of the fast lane)
 def test_workspace_loads_both_locations_and_resolves_the_cross_location_dependency(applied, home, monkeypatch):  # noqa: F811
     from dagster._core.workspace.context import WorkspaceProcessContext
     from dagster._core.workspace.load_target import WorkspaceFileTarget
