@@ -15,9 +15,12 @@ import json
 import re
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from playwright.sync_api import Page, expect
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -27,6 +30,14 @@ PIPELINE = "user_events_etl"
 SENSOR = "lakehouse_arrivals"  # one arrival sensor over every source
 SCHEDULE = f"{PIPELINE}__schedule"
 RUN_TIMEOUT_MS = 15 * 60_000
+
+
+def expect(actual):
+    """Playwright's `expect`, imported by the first test that asserts with it: importing Playwright costs
+    ~0.3 s, and every collection of the suite (the fast lane's too) imports this module."""
+    from playwright.sync_api import expect as playwright_expect
+
+    return playwright_expect(actual)
 
 
 def open_page(page: Page, server, path: str) -> None:
