@@ -17,6 +17,7 @@ from lakehouse.cli import main as cli
 from lakehouse.metadata.checks import check_stages, unchecked
 from lakehouse.metadata.derive import StageColumns, derive_columns
 from lakehouse.metadata.loader import MetadataError, load_metadata
+from tests.conftest import seed_control_db
 
 DEMO = Path(__file__).resolve().parent.parent / "metadata" / "demo"
 
@@ -119,8 +120,10 @@ def rejected_everywhere(home: Path, meta: Path, capsys) -> str:
 
 
 @pytest.fixture
-def applied(home, tmp_path, capsys) -> Path:
-    """The valid shop metadata, applied: the control DB the rejected changes must leave alone."""
+def applied(home, tmp_path, capsys, control_db_at_head) -> Path:
+    """The valid shop metadata, applied (to a control DB at the newest revision): the control DB the
+    rejected changes must leave alone."""
+    seed_control_db(control_db_at_head, home)
     meta = shop(tmp_path)
     assert cli(["metadata", "validate", str(meta)]) == 0
     assert cli(["metadata", "apply", str(meta)]) == 0
