@@ -315,10 +315,15 @@ def start_early(argv: list[str], settings_of: Callable[[], Settings]) -> threadi
     return warm_up(settings)
 
 
+def starting() -> bool:
+    """Whether a `warm_up` is still starting this process's session (no session yet)."""
+    running = _EARLY.get("thread")
+    return _SESSION is None and running is not None and running.is_alive()
+
+
 def started_or_starting() -> bool:
     """Whether this process has its session, or a `warm_up` is starting it."""
-    running = _EARLY.get("thread")
-    return _SESSION is not None or (running is not None and running.is_alive())
+    return _SESSION is not None or starting()
 
 
 def warm_up(settings: Settings) -> threading.Thread:

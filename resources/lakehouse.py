@@ -92,13 +92,14 @@ class LakehouseResource(dg.ConfigurableResource):
             platform.warm_spark()
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
-        """A JVM still starting when the run ends (its Spark stages were skipped: switched off,
-        nothing new) is killed rather than left to finish starting on the cores other runs use;
-        one with a session is left alone (`lakehouse.spark.release_jvm_at_exit`)."""
-        if context.dagster_run is not None:
-            from lakehouse.spark import release_jvm_at_exit
+        """A JVM the warm-up is still starting when the run ends (its Spark stages were skipped:
+        switched off, nothing new) is killed rather than left to finish starting on the cores other
+        runs use (`lakehouse.spark.release_jvm_at_exit`); a session, or a JVM no warm-up started, is
+        left alone."""
+        from lakehouse import spark
 
-            release_jvm_at_exit()
+        if context.dagster_run is not None and spark.starting():
+            spark.release_jvm_at_exit()
 
 
 def _resolved(value: str | None) -> str | None:

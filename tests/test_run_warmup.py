@@ -82,12 +82,42 @@ def test_the_decision_is_the_runs_own(started):
 
 def test_a_jvm_still_starting_at_the_runs_end_is_released(monkeypatch):
     """The run's resources are torn down once, after its last step: a JVM the warm-up is still
-    starting then (its Spark stages were skipped) is killed; `release_jvm_at_exit` leaves a session alone."""
+    starting then (its Spark stages were skipped) is killed; a session, or a JVM no warm-up started
+    (the test session's own), is left alone."""
     released: list[bool] = []
     monkeypatch.setattr(sparkmod, "release_jvm_at_exit", lambda: released.append(True))
     run = dg.DagsterRun(job_name="__ASSET_JOB", asset_selection=frozenset({dg.AssetKey(["silver", "user_events"])}))
-    for dagster_run in (run, None):
+
+    def teardown(dagster_run, starting: bool) -> None:
+        monkeypatch.setattr(sparkmod, "starting", lambda: starting)
         context = dg.InitResourceContext(resource_config=None, resources=None, resource_def=None,
                                          all_resource_defs={}, dagster_run=dagster_run)
         LakehouseResource().teardown_after_execution(context)
+
+    teardown(run, starting=False)
+    teardown(None, starting=True)
+    assert released == []
+    teardown(run, starting=True)
     assert released == [True]
+
+
+def test_starting_means_a_warm_up_still_starting(monkeypatch):
+    """`starting` is what the teardown asks: a warm-up thread alive and no session yet."""
+    import threading
+
+    monkeypatch.setattr(sparkmod, "_SESSION", None)
+    monkeypatch.setattr(sparkmod, "_EARLY", {})
+    assert not sparkmod.starting()  # no warm-up in this process
+    gate = threading.Event()
+    thread = threading.Thread(target=gate.wait)
+    thread.start()
+    monkeypatch.setitem(sparkmod._EARLY, "thread", thread)
+    try:
+        assert sparkmod.starting() and sparkmod.started_or_starting()
+        monkeypatch.setattr(sparkmod, "_SESSION", object())  # the session came up
+        assert not sparkmod.starting() and sparkmod.started_or_starting()
+    finally:
+        gate.set()
+        thread.join()
+    monkeypatch.setattr(sparkmod, "_SESSION", None)
+    assert not sparkmod.starting()  # the warm-up ended without a session (it failed): nothing is starting
