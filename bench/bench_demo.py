@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_ingest import PY, REPO, become_subreaper, run  # noqa: E402  (one copy of the timing helpers)
+from bench_ingest import PY, REPO, become_subreaper, demo_landing, run  # noqa: E402  (one copy of the timing helpers)
 
 from lakehouse import procstat  # noqa: E402  (one /proc reader for benches and tests)
 
@@ -320,10 +320,7 @@ def main() -> None:
         print("note: not a Linux child subreaper: CPU times leave out the JVMs")
 
     work = Path(tempfile.mkdtemp(prefix="bench_demo_"))
-    landing = work / "landing"
-    env0 = {**os.environ, "LAKEHOUSE_HOME": str(work / "gen"), "LAKEHOUSE_LANDING_DIR": str(landing)}
-    subprocess.run([PY, "-m", "lakehouse.cli", "demo", "--rows", str(args.rows)], env=env0, cwd=REPO,
-                   check=True, capture_output=True)
+    landing = demo_landing(work, args.rows)
     meta = REPO / "metadata" / "demo"
     if args.all_spark:
         allspark_meta = work / "allspark_meta"

@@ -97,6 +97,16 @@ def generate(out: Path, gb: float, files: int) -> int:
     return written
 
 
+def demo_landing(work: Path, rows: int) -> Path:
+    """The demo's events (`lakehouse demo --rows`) landed under `work`/landing; returns that folder
+    (the platform's LAKEHOUSE_LANDING_DIR for the runs over it)."""
+    landing = work / "landing"
+    env = {**os.environ, "LAKEHOUSE_HOME": str(work / "gen"), "LAKEHOUSE_LANDING_DIR": str(landing)}
+    subprocess.run([PY, "-m", "lakehouse.cli", "demo", "--rows", str(rows)], env=env, cwd=REPO,
+                   check=True, capture_output=True)
+    return landing
+
+
 def become_subreaper() -> bool:
     """Orphaned descendants (the JVM of a finished run) are re-parented to this process (Linux
     PR_SET_CHILD_SUBREAPER), so that reaping them adds their CPU time to RUSAGE_CHILDREN."""

@@ -29,6 +29,9 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_ingest import demo_landing  # noqa: E402  (one copy of the demo's landing)
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -148,10 +151,7 @@ def main() -> int:
     ap.add_argument("--baseline", type=Path, help="a `git archive` copy of another commit, timed in the same rounds")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_materialize_all_"))
-    landing = work / "landing"
-    env = {**os.environ, "LAKEHOUSE_HOME": str(work / "gen"), "LAKEHOUSE_LANDING_DIR": str(landing)}
-    subprocess.run([sys.executable, "-m", "lakehouse.cli", "demo", "--rows", str(args.rows)], env=env, cwd=REPO,
-                   check=True, capture_output=True)
+    landing = demo_landing(work, args.rows)
     trees = {"this": REPO} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
     walls: dict[str, list[float]] = {k: [] for k in trees}
     try:

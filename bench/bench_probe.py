@@ -23,6 +23,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_ingest import demo_landing  # noqa: E402  (one copy of the demo's landing)
+
 CHILD = r"""
 import json, sys, time
 from pathlib import Path
@@ -56,10 +59,7 @@ def main() -> None:
     ap.add_argument("--baseline-repo", type=Path, required=True)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_probe_"))
-    landing = work / "landing"
-    env0 = {**os.environ, "LAKEHOUSE_HOME": str(work / "gen"), "LAKEHOUSE_LANDING_DIR": str(landing)}
-    subprocess.run([sys.executable, "-m", "lakehouse.cli", "demo", "--rows", str(args.rows)], env=env0, cwd=REPO,
-                   check=True, capture_output=True)
+    landing = demo_landing(work, args.rows)
     sides = {"this": REPO, "baseline": args.baseline_repo.resolve()}
     got: dict[str, list[dict]] = {s: [] for s in sides}
     for r in range(args.rounds):
