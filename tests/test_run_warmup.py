@@ -121,3 +121,60 @@ def test_starting_means_a_warm_up_still_starting(monkeypatch):
         thread.join()
     monkeypatch.setattr(sparkmod, "_SESSION", None)
     assert not sparkmod.starting()  # the warm-up ended without a session (it failed): nothing is starting
+
+
+E2E = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    import dagster as dg
+    from lakehouse import procstat
+    from lakehouse.demo import generate_user_events
+    from lakehouse.metadata.loader import load_metadata
+    from lakehouse.platform import Platform
+    from lakehouse.spark import _own_spark_children
+    from lakehouse_assets.definitions import build_definitions
+
+    platform = Platform.from_env()
+    platform.store.apply(load_metadata(Path(sys.argv[1])))
+    generate_user_events(platform.settings.landing_dir / "user_events", rows=600, files=2, seed=3)
+    job = build_definitions(platform).resolve_implicit_global_asset_job_def()
+    keys = [dg.AssetKey(k) for k in (["bronze", "user_events"], ["silver", "user_events"], ["gold", "daily_user_events"])]
+    instance = dg.DagsterInstance.ephemeral()
+    result = job.execute_in_process(instance=instance, asset_selection=keys, raise_on_error=False)
+    steps = {}
+    for e in instance.all_logs(result.run_id, of_type={dg.DagsterEventType.STEP_START, dg.DagsterEventType.STEP_SUCCESS}):
+        steps[f"{e.step_key} {e.dagster_event.event_type_value}"] = e.timestamp
+    jvms = [procstat.read(pid).start_epoch() for pid in _own_spark_children()]
+    print("RESULT " + json.dumps({"success": result.success, "steps": steps, "jvms": jvms}))
+""")
+
+
+@pytest.mark.slow  # two platform processes, each with its JVM
+@pytest.mark.parametrize("warmup", ["1", "0"])
+def test_a_launched_run_starts_its_jvm_before_its_first_step(tmp_path, warmup):
+    """A run of the demo's three stages executed by Dagster in a fresh process (as a run worker
+    executes a launched run: no `lakehouse run` warm-up before it): with the warm-up its one JVM is
+    launched before the first step starts, so it starts while the Arrow engine loads bronze; with
+    LAKEHOUSE_SPARK_WARMUP=0 silver's step launches it (the test tells the two apart)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAKEHOUSE_", "DAGSTER_HOME"))}
+    env.update({"LAKEHOUSE_HOME": str(tmp_path / "home"), "LAKEHOUSE_SPARK_WARMUP": warmup,
+                "PYTHONPATH": str(REPO)})
+    proc = subprocess.run([sys.executable, "-c", E2E, str(REPO / "metadata" / "demo")], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    assert out["success"], out
+    [jvm] = out["jvms"]  # one JVM for the run
+    steps = out["steps"]
+    first = min(t for k, t in steps.items() if k.endswith("STEP_START"))
+    silver = steps["silver__user_events STEP_START"]
+    bronze_done = steps["bronze__user_events.bronze__user_events__load STEP_SUCCESS"]
+    if warmup == "1":
+        assert jvm < first <= bronze_done < silver, (jvm, steps)
+    else:
+        assert jvm > silver, (jvm, steps)
