@@ -256,3 +256,62 @@ def test_arrow_transactions_compute_the_table_metadata_once_per_state(lake, tmp_
     assert out.published and sorted(r["id"] for r in rows_of(lake, "bronze.events")) == [1, 2, 4]
     assert [r["_run_id"] for r in rows_of(lake, "bronze.events__quarantine")] == ["r2"]
     assert 0 < len(calls) <= 12, calls
+
+
+def test_a_large_jsonl_file_is_read_in_parallel_blocks_and_a_line_longer_than_a_block_still_reads(lake, tmp_path):
+    """Files from 2 MB up are parsed in blocks (both cores; half the time at 15 MB): the table is
+    the one a single block gives. A block holds at least two of the file's longest line, as the
+    probe's: pyarrow refuses a line straddling two block boundaries (and can abort the process
+    while doing so), so a file with a 3 MB line reads as before."""
+    from pyspark.sql import types as T
+
+    from lakehouse.arrow_engine import READ_BLOCK_BYTES, _read_file
+    from lakehouse.metadata.model import Source
+
+    source = Source(source_id="s", kind="files", format="jsonl", path="events")
+    own = T.StructType([T.StructField("id", T.LongType()), T.StructField("note", T.StringType()),
+                        T.StructField("extra", T.StructType([T.StructField("n", T.LongType())]))])
+    rows = [{"id": i, "note": f"row {i} " + "x" * 40, "extra": {"n": i % 7}} for i in range(40_000)]
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert plain.stat().st_size >= 2 * READ_BLOCK_BYTES
+    got = _read_file(source, str(plain), own)
+    assert got.column("id").num_chunks > 1  # read in blocks
+    assert got.combine_chunks().to_pylist() == rows
+
+    long_line = {"id": -1, "note": "y" * (3 * READ_BLOCK_BYTES), "extra": {"n": 0}}
+    longer = tmp_path / "longer.jsonl"
+    longer.write_text("".join(json.dumps(r) + "\n" for r in [*rows[:20_000], long_line, *rows[20_000:]]))
+    got = _read_file(source, str(longer), own).combine_chunks().to_pylist()
+    assert got == [*rows[:20_000], long_line, *rows[20_000:]]
+
+    # end to end: such a file loads through the engine like any other
+    apply(lake, tmp_path)
+    land(lake, "big", [event(i) for i in range(1, 3)] + [{**event(3), "pad": "z" * (3 * READ_BLOCK_BYTES)}]
+         + [event(i) for i in range(4, 30_000)])
+    out = load(lake, "r1")
+    assert out.published and out.extra["engine"] == "arrow"
+    assert len(rows_of(lake, "bronze.events")) == 29_999
+
+
+@pytest.mark.parametrize("keys", [
+    ["a", "b", "c"], ["a", "b", "a"], ["a", None, None, "b"], [None, None], ["a", "a", None, "a", "b", "b"], [],
+])
+def test_unique_over_one_column_counts_as_sql_unique(keys):
+    """One key column is answered by a hash of its values when nothing repeats; a repeat still gets
+    the rows, the keys and the sample. NULL keys are not duplicates (SQL UNIQUE)."""
+    from collections import Counter
+
+    import pyarrow as pa
+
+    from lakehouse.arrow_engine import _unique
+    from lakehouse.validation.rules import Rule
+
+    rule = Rule(name="u", type="unique", columns=["k"])
+    counts = Counter(k for k in keys if k is not None)
+    dup = {k: n for k, n in counts.items() if n > 1}
+    out = _unique(rule, pa.table({"k": pa.array(keys, pa.string())}), len(keys))
+    assert out.passed == (not dup)
+    assert out.failed_rows == sum(dup.values()) and out.details == {"duplicate_keys": len(dup)}
+    assert sorted((s["k"], s["rows"]) for s in out.sample) == sorted(dup.items())
+    assert out.message == (f"{sum(dup.values())} rows share {len(dup)} duplicated key(s)" if dup else "all keys unique")
