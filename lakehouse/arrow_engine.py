@@ -44,6 +44,7 @@ from pyiceberg.table import Transaction
 from pyiceberg.table.update import update_table_metadata
 from pyiceberg.table.update.snapshot import ManageSnapshots
 
+from lakehouse.core import SQL
 from lakehouse.iceberg import MAIN, IcebergTables, WriteResult, retry_metadata_commit
 from lakehouse.ingest import files as file_ingest
 from lakehouse.ingest.checkpoints import checked_files
@@ -505,15 +506,21 @@ class ArrowTables(IcebergTables):
 
     def write(self, df: pa.Table, target: Target, *, branch: str = MAIN, snapshot_properties: dict[str, str] | None = None,
               mode: str | None = None, spec=None) -> WriteResult:
-        """Append `df` to `branch`, its columns matched to the table's by name."""
+        """Append `df` to `branch`, or replace the branch's rows with it (`overwrite` of the whole
+        table: a DuckDB SQL stage's full recompute), its columns matched to the table's by name."""
         mode = spec.mode if spec is not None else (mode or target.write_mode)
-        if mode != "append":
-            raise ValueError(f"{target.identifier}: the Arrow engine appends only, not {mode!r}")
+        if mode not in ("append", "overwrite") or (spec is not None and spec.condition is not None):
+            raise ValueError(f"{target.identifier}: the Arrow engine appends or replaces the whole table, "
+                             f"not {mode!r}" + (" of some rows" if mode == "overwrite" else ""))
         ident = target.identifier
         table = self.meta.load_table(ident)
         before = table.metadata.refs[branch].snapshot_id if branch in table.metadata.refs else None
+        rows, props = _to_table(df, table.schema()), dict(snapshot_properties or {})
         with _Transaction(table) as tx:  # Table.append's transaction, its metadata computed once per state
-            tx.append(_to_table(df, table.schema()), snapshot_properties=dict(snapshot_properties or {}), branch=branch)
+            if mode == "append":
+                tx.append(rows, snapshot_properties=props, branch=branch)
+            else:
+                tx.overwrite(rows, snapshot_properties=props, branch=branch)
         after = self.snapshot_id(ident, branch)
         summary = self.snapshot_summary(ident, after) if after is not None and after != before else {}
         return WriteResult(ident, branch, after, int(summary.get("added-records", 0)), mode, summary)
@@ -715,6 +722,8 @@ class ArrowAuditedWrite(AuditedWrite):
                                                    snapshot_properties=batch.snapshot_properties, spec=batch.write),
                          what=f"write to {self.ident}@{self.branch}", also=is_connection_failure,
                          only=lambda _exc: self.tables.snapshot_id(self.ident, self.branch) == head)
+        if res.operation != "append":  # the branch's rows are all new: the audit reads the whole branch
+            self.appends_only = False
         return res
 
     def _split(self, df: pa.Table, batch: Batch) -> pa.Table:
@@ -824,5 +833,9 @@ class ArrowEngine:
         return ArrowAuditedWrite(ctx, tables, branch, **kwargs)
 
     def batches(self, ctx: StageContext, plan: ExtractPlan) -> Iterator[Batch]:
+        if plan.kind == SQL:  # a DuckDB SQL stage (lakehouse.engine chose Arrow for it)
+            from lakehouse.sources.sql import duckdb_arrow_batches
+
+            return duckdb_arrow_batches(ctx, plan)
         return file_batches(ctx, plan, self.tables(ctx.platform))
 

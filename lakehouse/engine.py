@@ -1,4 +1,5 @@
-"""Which engine writes a stage's target: Spark, or PyIceberg + Arrow (no JVM) for small file loads.
+"""Which engine writes a stage's target: Spark, or PyIceberg + Arrow (no JVM) for small file loads
+and for the results of SQL stages whose query runs on DuckDB.
 
 Seed 001's write-audit-publish needs no JVM: a small load pays seconds of Spark start-up for
 milliseconds of work. A target says `engine: spark | arrow | auto` (default: the platform setting
@@ -19,7 +20,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lakehouse.metadata.engine_support import ARROW_SOURCES, arrow_blockers, entity_raw_blockers
+from lakehouse.core import SQL
+from lakehouse.metadata.engine_support import ARROW_SOURCES, arrow_blockers, duckdb_sql_stage, entity_raw_blockers
 from lakehouse.metadata.model import ENGINES, Target
 
 if TYPE_CHECKING:
@@ -106,12 +108,29 @@ def choose(ctx: StageContext, plan: ExtractPlan) -> EngineChoice:
     first: lakehouse.metadata.checks); `auto` and the platform default fall back to Spark, saying why."""
     asked, origin = asked_engine(ctx.catalog, ctx.target)
     blockers = [] if asked == "spark" else arrow_blockers(ctx.stage, ctx.target, ctx.source, ctx.rules)
-    if asked != "spark" and plan.kind not in ARROW_SOURCES and not plan.skipped_reason:  # a skipped plan writes nothing
+    duck = duckdb_sql_stage(ctx.stage)
+    readable = plan.kind == SQL if duck else plan.kind in ARROW_SOURCES
+    if asked != "spark" and not readable and not plan.skipped_reason:  # a skipped plan writes nothing
         blockers.append(f"the plan reads {plan.kind!r}")
     refusal = (f"target {ctx.target.target_id} asks for engine arrow, which cannot write stage "
                f"{ctx.stage.pipeline_id}.{ctx.stage.stage_name}") if ctx.target.engine else None
-    return _decide(asked, origin, blockers, lambda: arrow_max_bytes(ctx.catalog, ctx.target),
-                   sum(f.size for f in plan.files), "bytes planned", refusal)
+    if duck and asked == "auto" and not blockers:  # what DuckDB reads into memory: the pinned upstreams
+        size, measured = upstream_bytes(ctx, plan), "bytes of upstream data files"
+    else:
+        size, measured = sum(f.size for f in plan.files), "bytes planned"
+    return _decide(asked, origin, blockers, lambda: arrow_max_bytes(ctx.catalog, ctx.target), size, measured, refusal)
+
+
+def upstream_bytes(ctx: StageContext, plan: ExtractPlan) -> int:
+    """Bytes of data files of the upstream snapshots the run pinned (their summaries' total-files-size,
+    PyIceberg metadata only): what a DuckDB SQL stage reads into memory."""
+    tables = ctx.platform.tables()
+    overrides = plan.details.get("table_overrides", {})
+    total = 0
+    for ident, snap in plan.upstream_snapshots.items():
+        if snap is not None:
+            total += int(tables.snapshot_summary(overrides.get(ident, ident), snap).get("total-files-size", 0) or 0)
+    return total
 
 
 def choose_for_application(catalog: MetadataCatalog, app: Application, rules: list[Rule], size: int) -> EngineChoice:

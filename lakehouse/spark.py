@@ -276,8 +276,9 @@ _EARLY: dict[str, threading.Thread] = {}  # the JVM `start_early` launched, if a
 def start_early(argv: list[str], settings_of: Callable[[], Settings]) -> threading.Thread | None:
     """`lakehouse run <pipeline>`'s JVM, launched before the command line's own imports (the
     metadata model, SQLAlchemy, the control DB: ~0.7 s, then Dagster) when the run surely needs
-    Spark: the pipeline has a SQL or Python stage (the Arrow engine writes neither, so the run's
-    own decision, `lakehouse.engine.may_need_spark`, says the same). Decided from the embedded
+    Spark: the pipeline has a Python stage or a SQL stage on Spark SQL (the Arrow engine writes
+    neither, so the run's own decision, `lakehouse.engine.may_need_spark`, says the same; a DuckDB
+    SQL stage may run without a JVM, and is left to that decision). Decided from the embedded
     control DB with the standard library's sqlite3 and nothing else; any doubt (another database,
     no such file or table, another command, LAKEHOUSE_SPARK_WARMUP=0) starts nothing here and
     leaves the decision to the run, as before. A wrong guess costs a JVM: `release_jvm_at_exit`
@@ -300,8 +301,8 @@ def start_early(argv: list[str], settings_of: Callable[[], Settings]) -> threadi
         con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=1)
         try:
             found = con.execute(
-                "SELECT 1 FROM stages WHERE pipeline_id = ? AND (transformation IS NOT NULL OR "
-                "transformation_file IS NOT NULL OR python_transformation IS NOT NULL) LIMIT 1",
+                "SELECT 1 FROM stages WHERE pipeline_id = ? AND (python_transformation IS NOT NULL OR "
+                "((transformation IS NOT NULL OR transformation_file IS NOT NULL) AND coalesce(sql_engine, 'spark') <> 'duckdb')) LIMIT 1",
                 (argv[1],)).fetchone()
         finally:
             con.close()

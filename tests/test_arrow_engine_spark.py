@@ -199,3 +199,81 @@ def test_a_declared_type_that_does_not_parse_is_named_with_a_session_up(spark, t
 
     with pytest.raises(ValueError, match="cannot parse type"):
         _parse_type(text)
+
+
+DUCK_META = """
+pipelines: [{pipeline_id: duck}]
+sources:
+  - {source_id: sales_raw, kind: files, format: jsonl, path: sales, glob: "*.jsonl"}
+targets:
+  - {target_id: bronze_sales, namespace: duck, table: sales, engine: arrow}
+  - {target_id: by_spark, namespace: duck, table: by_spark, write_mode: overwrite, engine: spark,
+     partition_spec: [{column: country}]}
+  - {target_id: by_arrow, namespace: duck, table: by_arrow, write_mode: overwrite, engine: arrow,
+     partition_spec: [{column: country}]}
+stages:
+  - {pipeline_id: duck, stage_order: 1, stage_name: ingest, layer: bronze, source_id: sales_raw, target_id: bronze_sales}
+  - {pipeline_id: duck, stage_order: 2, stage_name: g_spark, layer: gold, target_id: by_spark, sql_engine: duckdb,
+     validation_set_id: rules, transformation: SQL}
+  - {pipeline_id: duck, stage_order: 3, stage_name: g_arrow, layer: gold, target_id: by_arrow, sql_engine: duckdb,
+     validation_set_id: rules, transformation: SQL}
+validation_rules:
+  - rule_set_id: rules
+    rules:
+      - {name: has_rows, type: row_count, min: 1}
+      - {name: country_unique, type: unique, columns: [country]}
+      - {name: total_positive, type: range, column: total, min: 0, severity: warn}
+"""
+DUCK_SQL = ('"SELECT country, COUNT(*) AS orders, SUM(amount) AS total, SUM(qty) AS qty, MAX(CAST(ts AS DATE)) AS last_day, '
+            'MAX(ts) AS last_ts, COUNT(DISTINCT id) AS ids FROM duck.sales GROUP BY country"')
+
+
+def test_a_duckdb_stage_written_by_either_engine_gives_the_same_table_and_they_take_turns(platform, tmp_path):
+    """The same DuckDB SQL over the same upstream snapshot, its result written by Spark (as a
+    DataFrame from Arrow) and by the Arrow engine (PyIceberg): the same table (rows, schema,
+    partition spec, the platform's summary keys) and the same checks. Then the Arrow engine
+    replaces the Spark-written table's rows (the engines take turns on one table)."""
+    path = tmp_path / "meta.yaml"
+    path.write_text(DUCK_META.replace("SQL", DUCK_SQL))
+    platform.store.apply(load_metadata(path))
+    root = platform.settings.landing_dir / "sales"
+    root.mkdir(parents=True)
+    rows = [{"id": i, "country": ("de", "fr", "it")[i % 3], "amount": i * 1.5, "qty": i,
+             "ts": f"2026-01-{1 + i % 9:02d}T0{i % 10}:00:00Z"} for i in range(1, 31)]
+    (root / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runner = StageRunner(platform, "duck", "ingest", "r0")
+    assert runner.load(runner.extract()).published
+    outcomes = {}
+    for engine in ("spark", "arrow"):
+        runner = StageRunner(platform, "duck", f"g_{engine}", f"run_{engine}")
+        outcomes[engine] = runner.load(runner.extract())
+        assert outcomes[engine].published and outcomes[engine].extra["engine"] == engine
+        assert outcomes[engine].extra["sql_engine"] == "duckdb"
+    cat = pyiceberg(platform)
+
+    def seen(ident: str) -> dict:
+        t = cat.load_table(ident)
+        props = {k for k in t.current_snapshot().summary.additional_properties if k.startswith("lakehouse.")}
+        return {"schema": str(t.schema()), "spec": [(t.schema().find_column_name(f.source_id), str(f.transform))
+                                                    for f in t.spec().fields],
+                "rows": sorted(t.scan().to_arrow().to_pylist(), key=lambda r: r["country"]), "props": sorted(props)}
+
+    by_spark, by_arrow = seen("duck.by_spark"), seen("duck.by_arrow")
+    assert by_arrow == by_spark and len(by_arrow["rows"]) == 3
+    assert {r["country"]: r["orders"] for r in by_arrow["rows"]} == {"de": 10, "fr": 10, "it": 10}
+    checks = {e: [(c.rule.name, c.passed, c.failed_rows, c.total_rows) for c in o.checks] for e, o in outcomes.items()}
+    assert checks["arrow"] == checks["spark"]
+
+    # turn about: the Arrow engine replaces the rows of the table Spark wrote
+    path.write_text(DUCK_META.replace("SQL", DUCK_SQL).replace("write_mode: overwrite, engine: spark",
+                                                               "write_mode: overwrite, engine: arrow"))
+    platform.store.apply(load_metadata(path))
+    (root / "b.jsonl").write_text(json.dumps({"id": 99, "country": "it", "amount": 1.0, "qty": 1,
+                                              "ts": "2026-02-01T00:00:00Z"}) + "\n")
+    runner = StageRunner(platform, "duck", "ingest", "r1")
+    assert runner.load(runner.extract()).published
+    runner = StageRunner(platform, "duck", "g_spark", "run_turn")
+    out = runner.load(runner.extract())
+    assert out.published and out.extra["engine"] == "arrow"
+    after = {r["country"]: r["orders"] for r in cat.load_table("duck.by_spark").scan().to_arrow().to_pylist()}
+    assert after == {"de": 10, "fr": 10, "it": 11}

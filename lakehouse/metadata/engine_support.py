@@ -16,12 +16,23 @@ ARROW_SOURCES = frozenset({"files", "s3"})
 ARROW_FORMATS = frozenset({"parquet", "csv", "jsonl"})
 
 
+def duckdb_sql_stage(stage: Stage | None) -> bool:
+    """A SQL stage whose SELECT runs on DuckDB over Arrow (lakehouse.sources.duckdb_sql): its result
+    is an Arrow table the Arrow engine can write, so the whole stage may run without a JVM."""
+    return stage is not None and stage.sql_engine == "duckdb" and not stage.python_transformation
+
+
 def arrow_blockers(stage: Stage | None, target: Target, source: Source | None, rules: list[Rule]) -> list[str]:
     """Why the Arrow engine cannot write this stage (empty: it can); each reason names the field."""
     out = []
-    if stage is not None and (stage.transformation or stage.transformation_file or stage.python_transformation):
-        out.append("SQL and Python stages run on Spark (stage transformation)")
-    if source is None:
+    duck = duckdb_sql_stage(stage)
+    if stage is not None and stage.python_transformation:
+        out.append("Python stages run on Spark (stage transformation)")
+    elif stage is not None and (stage.transformation or stage.transformation_file) and not duck:
+        out.append("SQL stages run on Spark unless their SELECT runs on DuckDB (stage sql_engine: duckdb)")
+    if duck:
+        pass  # it reads the upstream tables its SQL names, not source files
+    elif source is None:
         out.append("the stage has no source files to read")
     else:
         if source.kind not in ARROW_SOURCES:
@@ -32,8 +43,8 @@ def arrow_blockers(stage: Stage | None, target: Target, source: Source | None, r
             out.append("source read_mode direct reads s3a:// paths with Spark")
     if target.kind != "iceberg":
         out.append(f"target kind {target.kind!r} is not an Iceberg table")
-    if target.write_mode != "append":
-        out.append(f"write_mode {target.write_mode!r} (Arrow appends only)")
+    if target.write_mode != "append" and not (duck and target.write_mode == "overwrite"):
+        out.append(f"write_mode {target.write_mode!r} (Arrow appends, and replaces a DuckDB SQL stage's table)")
     if target.sort_order:
         out.append("sort_order (PyIceberg does not sort on write)")
     if target.time_partition is not None:

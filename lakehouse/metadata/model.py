@@ -214,7 +214,7 @@ class Stage(Entity):
         default="spark", description="where a SQL stage's SELECT runs: spark, or duckdb over the pinned "
         "upstream snapshots read into memory through PyIceberg/Arrow, for small upstreams (lakehouse.sources."
         "duckdb_sql; no incremental block; the SQL must transpile from Spark SQL), written through the same "
-        "write-audit-publish")
+        "write-audit-publish; by PyIceberg without a JVM when the target's engine is arrow or a small auto")
 
     _v_name = field_validator("stage_name")(lambda cls, v: check_ident(v, "stage_name"))
 

@@ -4,10 +4,11 @@ snapshots the run pinned (lakehouse.pins), so a small roll-up pays no Spark job 
 
 Two halves behind small functions, so the write side can change without touching the query side:
 * `query_arrow`: pinned upstream snapshots -> PyIceberg scan -> Arrow -> DuckDB -> an Arrow table;
-* `to_spark`: that Arrow table as a Spark DataFrame, which the stage hands to the same
-  write-audit-publish service as a Spark-run SQL stage (audit branch, rules, quarantine, kill-switch
-  re-check, publish, checkpoints). When the Arrow write engine (lakehouse.arrow_engine) can take an
-  SQL stage's output, the Arrow table goes there instead and no JVM is needed.
+* the write: when the target's engine is `arrow`, or `auto` and the pinned upstreams' data files
+  are within its threshold (lakehouse.engine), the Arrow table goes to the Arrow write engine
+  (lakehouse.arrow_engine: PyIceberg, no JVM); otherwise `to_spark` makes it a Spark DataFrame. Either
+  way the same write-audit-publish service takes it (audit branch, rules, quarantine, kill-switch
+  re-check, publish, checkpoints).
 
 The same SQL must give the same rows on both engines: sqlglot transpiles Spark's dialect to DuckDB's,
 and SQL it cannot carry over (an unsupported construct, a function it does not know for DuckDB) is
@@ -74,15 +75,25 @@ def to_spark(spark: SparkSession, table: pa.Table) -> DataFrame:
         spark.conf.set("spark.sql.execution.arrow.pyspark.enabled", previous)
 
 
-def run_stage_sql(ctx: StageContext, plan: ExtractPlan) -> DataFrame:
-    """The stage's SQL on DuckDB over its pinned upstreams, as a DataFrame for the load."""
+def stage_arrow(ctx: StageContext, plan: ExtractPlan, time_zone: str) -> pa.Table:
+    """The stage's SQL on DuckDB over its pinned upstreams, as an Arrow table."""
     from lakehouse.sqlparse import rewrite_tables
 
     tables = pinned_arrow(ctx, plan)
     names = {ident: "__lh_" + ident.replace(".", "__") for ident in tables}
     sql = rewrite_tables(ctx.stage.transformation, {i.lower(): n for i, n in names.items()})
-    spark = ctx.platform.spark()
-    zone = spark.conf.get("spark.sql.session.timeZone", DEFAULT_TIME_ZONE)
-    result = query_arrow(sql, {names[i]: t for i, t in tables.items()}, zone)
+    result = query_arrow(sql, {names[i]: t for i, t in tables.items()}, time_zone)
     ctx.report["sql_engine"] = "duckdb"
-    return to_spark(spark, result)
+    return result
+
+
+def session_time_zone(ctx: StageContext) -> str:
+    """Spark's session time zone as the platform configures it (lakehouse.spark.spark_conf), for a
+    stage that runs without a session: the same day from the same timestamp on both engines."""
+    return ctx.platform.settings.spark_conf.get("spark.sql.session.timeZone", DEFAULT_TIME_ZONE)
+
+
+def run_stage_sql(ctx: StageContext, plan: ExtractPlan) -> DataFrame:
+    """The stage's SQL on DuckDB over its pinned upstreams, as a DataFrame for a load on Spark."""
+    spark = ctx.platform.spark()
+    return to_spark(spark, stage_arrow(ctx, plan, spark.conf.get("spark.sql.session.timeZone", DEFAULT_TIME_ZONE)))

@@ -38,6 +38,18 @@ def upstream_identifiers(ctx: StageContext) -> list[str]:
     return [up.identifier] if up else []
 
 
+def upstream_properties(plan: ExtractPlan) -> dict[str, str]:
+    """The snapshot properties of a SQL stage's write: the upstream snapshots it read."""
+    return {"lakehouse.upstream": _json(plan.upstream_snapshots)}
+
+
+def duckdb_arrow_batches(ctx: StageContext, plan: ExtractPlan) -> Iterator[Batch]:
+    """A DuckDB SQL stage's one batch as an Arrow table, for the Arrow write engine (no JVM)."""
+    from lakehouse.sources.duckdb_sql import session_time_zone, stage_arrow
+
+    yield Batch(stage_arrow(ctx, plan, session_time_zone(ctx)), upstream_properties(plan), label="sql")
+
+
 @register
 class SqlAdapter(SourceAdapter):
     kind = SQL
@@ -60,7 +72,7 @@ class SqlAdapter(SourceAdapter):
             g = ctx.target.time_partition.granularity if window else "day"
             yield from read.window_batches(*(periods.parse(g, k) for k in window)) if window else read.batches()
             return
-        yield Batch(self.run_sql(ctx, plan), {"lakehouse.upstream": _json(plan.upstream_snapshots)}, label="sql")
+        yield Batch(self.run_sql(ctx, plan), upstream_properties(plan), label="sql")
 
     def after_publish(self, ctx: StageContext, plan: ExtractPlan, outcome: StageOutcome) -> None:
         """How an incremental stage read its upstream, and a DuckDB stage's engine, go into the run's metadata."""
