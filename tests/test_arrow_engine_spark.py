@@ -191,10 +191,11 @@ def test_alternating_engines_stay_exactly_once_under_concurrent_processes(tmp_pa
     assert set(cat.load_table(ident).metadata.refs) == {"main"}
 
 
-@pytest.mark.parametrize("text", ["foo", "array<int", "struct<a:int", "int; drop table x"])
+@pytest.mark.parametrize("text", ["foo", "array<int", "int int", "a: int, b: string", "struct<a:int", "int; drop table x"])
 def test_a_declared_type_that_does_not_parse_is_named_with_a_session_up(spark, text):
     """With a session up, what the plain-Python grammar lacks goes to Spark's parser; a type neither
-    parses is the same ValueError as without one (not Spark's ParseException)."""
+    parses is the same ValueError as without one (not Spark's ParseException), and a list of
+    fields, which pyspark's parser would take for a struct, is not a column type either."""
     from lakehouse.ingest.prepare import _parse_type
 
     with pytest.raises(ValueError, match="cannot parse type"):

@@ -170,13 +170,18 @@ def _parse_type(text: str) -> DataType:
 
         if SparkContext._active_spark_context is None:
             raise
-        from pyspark.sql.types import _parse_datatype_string
+        from pyspark.sql.types import StructType, _parse_datatype_string
 
         try:
-            return _parse_datatype_string(text)
+            parsed = _parse_datatype_string(text)
         except Exception as exc:  # Spark's ParseException: the same error as without a session
             detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ValueError(f"cannot parse type {text!r}: {detail}") from exc
+        if isinstance(parsed, StructType) and not text.strip().lower().startswith("struct"):
+            # pyspark reads what is not a type as a list of struct fields (`int int` is struct<int:int>):
+            # a column type, like the one grammar here, it is not
+            raise ValueError(f"cannot parse type {text!r}: a list of fields, not one type") from None
+        return parsed
 
 
 def _parse_ddl_type(text: str) -> DataType:
