@@ -42,7 +42,10 @@ def test_a_command_name_with_spaces_and_parentheses(tmp_path):
         assert st.comm == "a) (b c) d" and st.ppid == os.getpid() and st.state in "RS"  # on its way to input()
         assert t0 - 2 * TICK - 0.05 <= st.start_epoch() <= time.time() + 0.05  # the start time is right to a tick
         assert child.pid in procstat.descendants(os.getpid())
-        assert procstat.snapshot()[child.pid] == procstat.read(child.pid)
+        # the same process as `read` sees it (its state and CPU ticks may move between two reads)
+        snap, again = procstat.snapshot()[child.pid], procstat.read(child.pid)
+        assert (snap.pid, snap.comm, snap.ppid, snap.pgrp, snap.start) == (again.pid, again.comm, again.ppid,
+                                                                           again.pgrp, again.start)
         assert procstat.cmdline(child.pid) == [sys.executable, "-c", code]
     finally:
         child.communicate("\n", timeout=30)
