@@ -178,3 +178,75 @@ def test_a_launched_run_starts_its_jvm_before_its_first_step(tmp_path, warmup):
         assert jvm < first <= bronze_done < silver, (jvm, steps)
     else:
         assert jvm > silver, (jvm, steps)
+
+
+TEARDOWN_E2E = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    import dagster as dg
+    import pyspark.java_gateway as jg
+    from lakehouse import procstat
+    from lakehouse import spark as sparkmod
+    from lakehouse.metadata.loader import load_metadata
+    from lakehouse.platform import Platform
+    from lakehouse_assets.definitions import build_definitions
+
+    import threading
+
+    jvms, running = set(), threading.Event()
+    real = jg.launch_gateway
+
+    def slow_gateway(*args, **kwargs):  # a real JVM whose session is still being made when the run ends
+        gateway = real(*args, **kwargs)
+        time.sleep(float(sys.argv[2]))
+        return gateway
+
+    def watch():  # every JVM this process launches, whenever it is seen
+        while not running.is_set():
+            jvms.update(sparkmod._own_spark_children())
+            time.sleep(0.05)
+
+    jg.launch_gateway = slow_gateway
+    import pyspark.context
+    pyspark.context.launch_gateway = slow_gateway
+
+    platform = Platform.from_env()
+    platform.store.apply(load_metadata(Path(sys.argv[1])))
+    job = build_definitions(platform).resolve_implicit_global_asset_job_def()
+    instance = dg.DagsterInstance.ephemeral()
+    # silver alone on an empty catalog: a SQL stage (the warm-up starts a JVM), stopped at once by the
+    # pre-run check (its upstream table does not exist yet), so the run ends while the JVM is starting
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    result = job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey(["silver", "user_events"])],
+                                    raise_on_error=False)
+    running.set()
+    watcher.join()
+    time.sleep(0.5)
+    alive = [pid for pid in jvms if procstat.read(pid) is not None and procstat.read(pid).state != "Z"]
+    print("RESULT " + json.dumps({"jvms": sorted(jvms), "alive": alive, "session": sparkmod._SESSION is not None,
+                                  "steps": [e.event_type_value for e in result.all_events if e.is_step_event]}),
+          flush=True)
+""")
+
+
+@pytest.mark.slow  # a platform process with a JVM
+def test_a_jvm_still_starting_when_a_launched_run_ends_is_killed(tmp_path):
+    """End to end in a fresh process: a run whose only stage needs Spark but stops first (its
+    upstream does not exist yet) ends while its warm-up's JVM is still making the session; the run's
+    resource teardown kills that JVM instead of leaving it to finish starting on the cores other
+    runs use. The JVM is made to stay "starting" for a while after it is up (its gateway answer is
+    held back), so the test does not depend on which finishes first."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAKEHOUSE_", "DAGSTER_HOME"))}
+    env.update({"LAKEHOUSE_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)})
+    proc = subprocess.run([sys.executable, "-c", TEARDOWN_E2E, str(REPO / "metadata" / "demo"), "20"], env=env,
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    assert "STEP_FAILURE" in out["steps"] and not out["session"], out  # stopped before it needed Spark
+    assert len(out["jvms"]) == 1 and out["alive"] == [], out  # the run's one JVM, killed by the teardown
