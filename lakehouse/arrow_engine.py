@@ -520,7 +520,11 @@ class ArrowTables(IcebergTables):
             if mode == "append":
                 tx.append(rows, snapshot_properties=props, branch=branch)
             else:
-                tx.overwrite(rows, snapshot_properties=props, branch=branch)
+                import warnings
+
+                with warnings.catch_warnings():  # replacing an empty branch: nothing to delete is no news
+                    warnings.filterwarnings("ignore", "Delete operation did not match any records")
+                    tx.overwrite(rows, snapshot_properties=props, branch=branch)
         after = self.snapshot_id(ident, branch)
         summary = self.snapshot_summary(ident, after) if after is not None and after != before else {}
         return WriteResult(ident, branch, after, int(summary.get("added-records", 0)), mode, summary)
