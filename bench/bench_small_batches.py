@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_small_batches.py                     # 1k, 10k, 100k, 1M rows; 3 rounds
     .venv/bin/python bench/bench_small_batches.py --sizes 1000 10000 --rounds 5
     .venv/bin/python bench/bench_small_batches.py --warm   # a source's second arrival, not its first
+    .venv/bin/python bench/bench_small_batches.py --rollup # + a roll-up stage (Spark SQL vs DuckDB on Arrow)
 
 One pipeline, one bronze stage: JSON-lines files (100,000 rows per file at most) landed in a fresh
 platform home, loaded by `lakehouse run bench` in a fresh process (Dagster, the job, the stage's
@@ -56,6 +57,22 @@ validation_rules:
 """
 
 
+#: `--rollup`: a second stage, a roll-up of the loaded events by type (a full recompute), on Spark
+#: SQL written by Spark on one side and on DuckDB written by the Arrow engine on the other: the
+#: whole pipeline without a JVM
+ROLLUP_TARGET = ("  - {{target_id: gold_by_type, namespace: gold, table: events_by_type, write_mode: overwrite, "
+                 "engine: {engine}}}\n")
+ROLLUP_STAGE = ("  - {{pipeline_id: bench, stage_order: 2, stage_name: by_type, layer: gold, target_id: gold_by_type, "
+                "sql_engine: {sql_engine}, transformation: \"SELECT event_type, COUNT(*) AS events, SUM(amount) AS "
+                "amount FROM bronze.events GROUP BY event_type\"}}\n")
+
+
+def metadata(engine: str, rollup: bool = False) -> str:
+    text = META if not rollup else META.replace("stages:\n", ROLLUP_TARGET + "stages:\n").replace(
+        "validation_rules:\n", ROLLUP_STAGE + "validation_rules:\n")
+    return text.format(engine=engine, sql_engine="duckdb" if engine == "arrow" else "spark")
+
+
 def land(folder: Path, rows: int, tag: str = "events") -> int:
     """`rows` events in files of at most ROWS_PER_FILE; every 1000th has no id. Returns bytes."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -74,13 +91,13 @@ def land(folder: Path, rows: int, tag: str = "events") -> int:
     return total
 
 
-def one_run(engine: str, rows: int, warm: bool = False) -> tuple[float, float, int, str]:
+def one_run(engine: str, rows: int, warm: bool = False, rollup: bool = False) -> tuple[float, float, int, str]:
     """(wall seconds of `lakehouse run bench`, its CPU seconds, input bytes, the engine the run
     metadata names). `warm`: the timed run is the source's second arrival — a first run (not timed)
     has loaded a 10-row file, so the Dagster instance, the control DB and the table exist, as for
     every arrival after a platform's first."""
     home = Path(tempfile.mkdtemp(prefix=f"bench_small_{engine}_{rows}_"))
-    (home / "meta.yaml").write_text(META.format(engine=engine))
+    (home / "meta.yaml").write_text(metadata(engine, rollup))
     env = {k: v for k, v in os.environ.items() if k in KEPT_ENV or not k.startswith(("LAKEHOUSE_", "DAGSTER_HOME"))}
     env.update({"LAKEHOUSE_HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1"})
     cli = [sys.executable, "-m", "lakehouse.cli"]
@@ -115,6 +132,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warm", action="store_true",
                     help="time a source's second arrival (instance, control DB and table exist), not its first")
+    ap.add_argument("--rollup", action="store_true",
+                    help="add a roll-up stage: Spark SQL written by Spark vs DuckDB written by the Arrow engine")
     args = ap.parse_args()
     try:  # Dagster's database templates, built once per machine (not timed, as after an install's first run)
         from lakehouse.throughput.dagster_storage import templates
@@ -130,7 +149,7 @@ def main() -> None:
         for rows in args.sizes:
             order = ("spark", "arrow") if (r + args.sizes.index(rows)) % 2 == 0 else ("arrow", "spark")
             for engine in order:
-                took, cpu, size, ran = one_run(engine, rows, warm=args.warm)
+                took, cpu, size, ran = one_run(engine, rows, warm=args.warm, rollup=args.rollup)
                 assert ran == engine, f"asked for {engine}, the run says {ran}"
                 times.setdefault((rows, engine), []).append(took)
                 cpus.setdefault((rows, engine), []).append(cpu)
