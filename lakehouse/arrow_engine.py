@@ -141,10 +141,17 @@ def arrow_to_spark(t: pa.DataType) -> DataType:
 
 
 def spark_schema(schema: pa.Schema) -> StructType:
-    """The Spark schema of an Arrow table's schema (what Spark would create the table from)."""
+    """The Spark schema of an Arrow table's schema (what Spark would create the table from); a
+    type no table column can have is refused naming the column."""
     from pyspark.sql import types as T
 
-    return T.StructType([T.StructField(f.name, arrow_to_spark(f.type), True) for f in schema])
+    fields = []
+    for f in schema:
+        try:
+            fields.append(T.StructField(f.name, arrow_to_spark(f.type), True))
+        except ValueError as exc:
+            raise ValueError(f"column {f.name!r}: {exc}") from exc
+    return T.StructType(fields)
 
 
 def _spark_to_iceberg_type(t: DataType, next_id: Callable[[], int]):

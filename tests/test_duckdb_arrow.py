@@ -179,3 +179,18 @@ def test_lakehouse_run_of_a_file_load_and_a_duckdb_roll_up_starts_no_jvm(lake, t
     started = {e.dataset: e.details for e in lake.store.audit_entries(event="stage_started")}
     assert started["gold.sales_by_country"]["engine"] == "arrow", started
     assert "gold/sales_by_country" in out and "published" in out
+
+
+def test_a_result_column_no_table_can_hold_is_named_and_nothing_is_written(lake, tmp_path):
+    """DuckDB's INTERVAL (a timestamp difference) has no Iceberg type: the stage fails naming the
+    column, before any table or branch is made."""
+    apply(lake, tmp_path)
+    path = tmp_path / "meta.yaml"
+    path.write_text(path.read_text().replace("MAX(CAST(ts AS DATE)) AS last_day",
+                                             "MAX(CAST(ts AS TIMESTAMP)) - MIN(CAST(ts AS TIMESTAMP)) AS span"))
+    lake.store.apply(load_metadata(path))
+    land(lake, "a", [sale(i, "de") for i in range(1, 5)])
+    run_stage(lake, "ingest", "r1")
+    with pytest.raises(ValueError, match="column 'span': .*month_day_nano_interval"):
+        run_stage(lake, "by_country", "r1")
+    assert not pyiceberg(lake).table_exists("gold.sales_by_country")
