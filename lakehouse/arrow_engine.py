@@ -604,8 +604,10 @@ def _literal(value: Any, like: pa.DataType) -> pa.Scalar:
         return pa.scalar(str(value)).cast(like)
 
 
-def passes(rule: Rule, table: pa.Table) -> pa.ChunkedArray:
+def passes(rule: Rule, table: pa.Table, time_zone: str = "UTC") -> pa.ChunkedArray:
     """TRUE where a row passes a row rule (NULL counts as failing), as `rules.row_condition`."""
+    if rule.type == "expression":
+        return _expression_passes(rule, table, time_zone)
     if rule.type == "not_null":
         cond = None
         for c in rule.columns:
@@ -631,17 +633,49 @@ def passes(rule: Rule, table: pa.Table) -> pa.ChunkedArray:
     return pc.fill_null(cond, False)
 
 
+def _expression_passes(rule: Rule, table: pa.Table, time_zone: str) -> pa.ChunkedArray:
+    """An `expression` rule (Spark SQL) evaluated in DuckDB over the rows: sqlglot carries Spark's
+    semantics over (a CAST that fails is NULL, x / 0 is NULL), what it cannot carry is refused
+    when the metadata is validated (lakehouse.metadata.engine_support). The same checks as Spark's:
+    one boolean row-level expression of the table's columns, the same answer on every evaluation."""
+    import duckdb
+
+    from lakehouse.sqlparse import DuckdbSqlError, expression_to_duckdb
+    from lakehouse.validation.rules import check_expression
+
+    text = check_expression(rule.expression or "", rule.name)
+    try:
+        sql = expression_to_duckdb(text)
+    except DuckdbSqlError as exc:
+        raise RuleError(f"rule {rule.name!r}: expression {text!r} cannot be evaluated without Spark: {exc}") from exc
+    con = duckdb.connect()
+    try:
+        con.execute("SET TimeZone = ?", [time_zone])
+        con.execute("SET preserve_insertion_order = true")  # one answer per row, in the rows' order
+        con.register("__lh_rows", table)
+        result = con.execute(f"SELECT ({sql}) AS ok FROM __lh_rows").fetch_arrow_table().column(0)
+    except duckdb.Error as exc:
+        raise RuleError(f"rule {rule.name!r}: expression {text!r} is not valid here: "
+                        f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from exc
+    finally:
+        con.close()
+    if not pa.types.is_boolean(result.type):
+        raise RuleError(f"rule {rule.name!r}: expression {text!r} is {result.type}, not boolean")
+    return pc.fill_null(result, False)
+
+
 def _sample(table: pa.Table, mask) -> list[dict[str, Any]]:
     return table.filter(mask).slice(0, SAMPLE_ROWS).to_pylist()
 
 
-def tag_failures(table: pa.Table, rules: list[Rule], errors: dict[str, str]) -> dict[str, pa.ChunkedArray]:
+def tag_failures(table: pa.Table, rules: list[Rule], errors: dict[str, str], time_zone: str = "UTC"
+                 ) -> dict[str, pa.ChunkedArray]:
     """rule name -> TRUE where the row fails it, for every enabled row rule that can be evaluated
     (the others' errors go to `errors`), as `rules.tag_failures`."""
     out = {}
     for r in (r for r in rules if r.enabled and r.is_row_rule):
         try:
-            out[r.name] = pc.invert(passes(r, table))
+            out[r.name] = pc.invert(passes(r, table, time_zone))
         except RuleError as exc:
             errors[r.name] = str(exc)
     return out
@@ -662,7 +696,7 @@ def evaluate(new: pa.Table, rules: list[Rule], context: dict[str, Any]) -> list[
             continue
         try:
             if r.is_row_rule:
-                fail = pc.invert(passes(r, new))
+                fail = pc.invert(passes(r, new, context.get("time_zone", "UTC")))
                 failed = pc.sum(fail.cast(pa.int64())).as_py() or 0
                 outcomes[r.name] = row_outcome(r, failed, total, _sample(new, fail) if failed else [], "arrow")
             elif r.type == "unique":
@@ -742,7 +776,7 @@ class ArrowAuditedWrite(AuditedWrite):
         acting = acting_rules(self.rules)
         if not acting or self.actions is None:
             return df
-        fails = tag_failures(df, self.rules, self.actions.errors)
+        fails = tag_failures(df, self.rules, self.actions.errors, self._time_zone())
         acting = [r for r in acting if r.name in fails]
         if not acting:
             return df
@@ -764,6 +798,11 @@ class ArrowAuditedWrite(AuditedWrite):
                 bad = df.filter(bad_mask).append_column(FAILED_RULES_COLUMN, failed_rules)
                 self.quarantined_rows += self._quarantine_writer().write(bad, batch.snapshot_properties)
         return df.filter(pc.invert(any_acting))
+
+    def _time_zone(self) -> str:
+        """Spark's session time zone as the platform configures it: an expression over timestamps
+        gives the same answer on both engines."""
+        return self.runner.platform.settings.session_time_zone
 
     def _quarantine_writer(self):
         if self._quarantine is None:
@@ -791,7 +830,7 @@ class ArrowAuditedWrite(AuditedWrite):
         head = self.tables.snapshot_id(self.ident, self.branch)
         context: dict[str, Any] = {"previous_row_count": self.previous_rows,
                                    "row_count_after": self._total_records(self.branch),
-                                   "row_actions": self.actions}
+                                   "row_actions": self.actions, "time_zone": self._time_zone()}
         keys = sorted({c for r in self.rules if r.type == "unique" for c in r.columns})
         if keys:
             table = self.tables.meta.load_table(self.ident)

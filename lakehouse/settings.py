@@ -36,6 +36,12 @@ class Settings:
     datahub_token_env: str = "DATAHUB_GMS_TOKEN"
 
     @property
+    def session_time_zone(self) -> str:
+        """Spark's session time zone as lakehouse.spark.spark_conf sets it (UTC unless overridden):
+        what runs without a session (DuckDB, the Arrow engine's expressions) evaluates timestamps in it."""
+        return self.spark_conf.get("spark.sql.session.timeZone", "UTC")
+
+    @property
     def staging_dir(self) -> Path:
         return Path(_env("LAKEHOUSE_STAGING_DIR", str(self.home / "staging")))
 

@@ -201,16 +201,48 @@ def to_duckdb(sql: str) -> str:
         tree = sqlglot.parse_one(sql, read=DIALECT)
     except SqlglotError as exc:
         raise DuckdbSqlError(f"cannot parse the SQL: {str(exc).splitlines()[0]}") from exc
+    return _duckdb_text(tree)
+
+
+#: functions that answer differently on every evaluation: Spark refuses them in a rule (its failing
+#: rows could not be counted), so the DuckDB evaluation of a rule does too
+_NONDETERMINISTIC = (exp.Rand, exp.Randn, exp.Uuid, exp.Shuffle)
+
+
+def expression_to_duckdb(expression: str) -> str:
+    """A rule's Spark SQL boolean expression in DuckDB's dialect (the Arrow engine evaluates
+    `expression` rules in DuckDB over the batch); DuckdbSqlError for what does not carry over."""
+    try:
+        tree = sqlglot.parse_one(expression, read=DIALECT, into=exp.Condition)
+    except SqlglotError as exc:
+        raise DuckdbSqlError(f"cannot parse the expression: {str(exc).splitlines()[0]}") from exc
+    varying = sorted({type(n).__name__.lower() for n in tree.find_all(*_NONDETERMINISTIC)})
+    if varying:
+        raise DuckdbSqlError(f"{', '.join(varying)}() answer differently on every evaluation, so the failing rows "
+                             "cannot be counted")
+    return _duckdb_text(tree, "set the target's engine to spark")
+
+
+def expression_problem(expression: str) -> str | None:
+    """Why a rule's expression cannot be evaluated in DuckDB, or None."""
+    try:
+        expression_to_duckdb(expression)
+    except DuckdbSqlError as exc:
+        return str(exc)
+    return None
+
+
+def _duckdb_text(tree: exp.Expression, fallback: str = "set sql_engine: spark") -> str:
     unknown = sorted({f.name for f in tree.find_all(exp.Anonymous)})
     if unknown:  # sqlglot passes unknown functions through by name: DuckDB may lack them or differ
         raise DuckdbSqlError(
             f"function(s) {', '.join(unknown)} have no known DuckDB equivalent (sqlglot does not translate "
-            "them); rewrite with standard functions or set sql_engine: spark")
+            f"them); rewrite with standard functions or {fallback}")
     try:
         return tree.sql(dialect="duckdb", unsupported_level=ErrorLevel.RAISE)
     except SqlglotError as exc:
         raise DuckdbSqlError(f"does not transpile from Spark SQL to DuckDB: {str(exc).splitlines()[0]}; "
-                             "rewrite it or set sql_engine: spark") from exc
+                             f"rewrite it or {fallback}") from exc
 
 
 def duckdb_problem(sql: str) -> str | None:

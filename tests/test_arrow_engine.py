@@ -139,9 +139,13 @@ def test_auto_picks_arrow_below_the_threshold_and_spark_above_or_where_arrow_can
     apply(lake, tmp_path, engine="auto", meta=meta)
     assert choice(lake, 1000).reason == "auto: 1000 bytes planned > 500 (platform setting engine.arrow_max_bytes)"
 
-    apply(lake, tmp_path, engine="auto", rules="- {name: sane, type: expression, expression: 'amount >= 0'}")
+    apply(lake, tmp_path, engine="auto", rules="- {name: fresh, type: freshness, column: ts, max_age_seconds: 60}")
     fallback = choice(lake, 10)
-    assert fallback.engine == "spark" and "rule type(s) expression are evaluated by Spark" in fallback.reason
+    assert fallback.engine == "spark" and "rule type(s) freshness are evaluated by Spark" in fallback.reason
+    apply(lake, tmp_path, engine="auto", rules="- {name: sampled, type: expression, expression: 'rand() < amount'}")
+    fallback = choice(lake, 10)
+    assert fallback.engine == "spark" and "rule 'sampled': expression 'rand() < amount' is evaluated by Spark (rand() " \
+        "answer differently on every evaluation" in fallback.reason
     apply(lake, tmp_path, engine="spark")
     assert choice(lake, 10).engine == "spark"
     apply(lake, tmp_path, engine="null")  # nothing said: the built-in default
@@ -151,11 +155,12 @@ def test_auto_picks_arrow_below_the_threshold_and_spark_above_or_where_arrow_can
 def test_engine_arrow_where_arrow_cannot_write_is_refused_naming_file_and_field(tmp_path):
     path = tmp_path / "meta.yaml"
     path.write_text(META.replace("ENGINE", "arrow").replace("RULES", "      - {name: e, type: expression, "
-                                                                      "expression: 'amount >= 0'}") + "\n")
+                                                                      "expression: 'my_udf(amount)'}") + "\n")
     with pytest.raises(MetadataError) as err:
         load_metadata(path)
     assert (f"{path}: targets[0].engine: target 'bronze_events' asks for engine arrow, which cannot write stage "
-            "events_etl.ingest: rule type(s) expression are evaluated by Spark") in str(err.value)
+            "events_etl.ingest: rule 'e': expression 'my_udf(amount)' is evaluated by Spark (function(s) my_udf "
+            "have no known DuckDB equivalent") in str(err.value)
     path.write_text(META.replace("ENGINE", "auto").replace("RULES", "      - {name: n, type: row_count}") +
                     "\nplatform_settings:\n  - {setting_key: engine.default, setting_value: jvm}\n")
     with pytest.raises(MetadataError) as err:
@@ -315,3 +320,34 @@ def test_unique_over_one_column_counts_as_sql_unique(keys):
     assert out.failed_rows == sum(dup.values()) and out.details == {"duplicate_keys": len(dup)}
     assert sorted((s["k"], s["rows"]) for s in out.sample) == sorted(dup.items())
     assert out.message == (f"{sum(dup.values())} rows share {len(dup)} duplicated key(s)" if dup else "all keys unique")
+
+
+def test_expression_rules_are_evaluated_without_a_jvm_as_spark_does(lake, tmp_path):
+    """`expression` rules run in DuckDB over the batch (Spark SQL carried over by sqlglot): NULL is
+    failing, a CAST that fails is NULL, x / 0 is NULL, nested fields and timestamps compare as on
+    Spark (the slow test_arrow_engine_spark compares both engines' counts). A quarantine action
+    moves exactly the failing rows; an expression that is not boolean is named."""
+    rules = RULES + """
+- {name: app_known, type: expression, expression: "extra.app IN ('app0', 'app1')", action: quarantine, severity: warn}
+- {name: numeric_country, type: expression, expression: "CAST(country AS INT) > 0", severity: warn}
+- {name: ratio, type: expression, expression: "amount / (id - 2) > 0", severity: warn}
+- {name: recent, type: expression, expression: "ts >= '2026-01-02 03:00:00'", severity: warn}
+"""
+    apply(lake, tmp_path, rules=rules)
+    rows = [event(i) for i in range(1, 10)] + [{**event(10), "ts": "2026-01-01T00:00:00Z"}]
+    land(lake, "a", rows)
+    out = load(lake, "r1")
+    assert out.published and out.extra["engine"] == "arrow"
+    quarantined = [r for r in rows if r["extra"]["app"] not in ("app0", "app1")]
+    assert sorted(r["id"] for r in rows_of(lake, "bronze.events__quarantine")) == sorted(r["id"] for r in quarantined)
+    checks = {c.rule.name: c for c in out.checks}
+    assert checks["app_known"].failed_rows == len(quarantined)
+    kept = [r for r in rows if r not in quarantined]
+    assert checks["numeric_country"].failed_rows == len(kept)  # CAST('de' AS INT) is NULL: every row fails
+    assert checks["ratio"].failed_rows == sum(1 for r in kept if r["id"] <= 2)  # id 2: x / 0 is NULL
+    assert checks["recent"].failed_rows == 1
+
+    apply(lake, tmp_path, rules="- {name: not_bool, type: expression, expression: \"amount + 1\"}")
+    land(lake, "b", [event(20)])
+    with pytest.raises(AuditFailed, match="rule 'not_bool': expression 'amount \\+ 1' is double, not boolean"):
+        load(lake, "r2")

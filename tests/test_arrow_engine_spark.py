@@ -44,7 +44,12 @@ def meta(fmt: str) -> str:
         stages.append(f"  - {{pipeline_id: p_{engine}, stage_order: 1, stage_name: ingest, layer: bronze, "
                       f"source_id: src_{fmt}, target_id: t_{engine}, validation_set_id: rules}}")
     rules = ["{name: id_present, type: not_null, columns: [id], action: quarantine, severity: warn}",
-             "{name: id_unique, type: unique, columns: [id]}"]
+             "{name: id_unique, type: unique, columns: [id]}",
+             # expressions (Spark SQL; DuckDB on the Arrow side): the same rows fail on both engines,
+             # NULL counting as failing: a CAST that fails, a division by zero, a comparison with NULL
+             "{name: country_numeric, type: expression, expression: 'CAST(country AS INT) > 0', severity: warn}",
+             "{name: id_ratio, type: expression, expression: 'id / (id - 2) >= 1 OR country = \"fr\"', severity: warn}",
+             "{name: id_small, type: expression, expression: 'id < 5 AND length(country) = 2', severity: warn}"]
     return "\n".join(["pipelines: [{pipeline_id: p_spark}, {pipeline_id: p_arrow}]", "sources:", f"  - {FORMATS[fmt]}",
                       "targets:", *targets, "stages:", *stages, "validation_rules:", "  - rule_set_id: rules",
                       "    rules:", *(f"      - {r}" for r in rules)]) + "\n"

@@ -148,16 +148,16 @@ def test_auto_writes_a_duckdb_stage_with_arrow_by_its_upstream_bytes_and_spark_a
 
 
 def test_what_keeps_a_sql_stage_on_spark_is_named(tmp_path):
-    """Spark SQL, an expression rule, or an incremental block: `engine: arrow` is refused at apply,
-    naming the field; `auto` falls back to Spark and says why."""
+    """Spark SQL, or an expression rule DuckDB cannot evaluate as Spark would: `engine: arrow` is
+    refused at apply, naming the field; `auto` falls back to Spark and says why."""
     bad = META.replace("GOLD_ENGINE", "arrow").replace("MIN_AMOUNT", "0").replace("sql_engine: duckdb, ", "")
     (tmp_path / "m.yaml").write_text(bad)
     with pytest.raises(MetadataError, match="sql_engine: duckdb"):
         load_metadata(tmp_path / "m.yaml")
     expr = META.replace("GOLD_ENGINE", "arrow").replace("MIN_AMOUNT", "0").replace(
-        "- {name: has_rows, type: row_count, min: 1}", "- {name: positive, type: expression, expression: \"total > 0\"}")
+        "- {name: has_rows, type: row_count, min: 1}", "- {name: sampled, type: expression, expression: \"rand() < total\"}")
     (tmp_path / "m.yaml").write_text(expr)
-    with pytest.raises(MetadataError, match="expression"):
+    with pytest.raises(MetadataError, match="rule 'sampled': expression 'rand.. < total' is evaluated by Spark"):
         load_metadata(tmp_path / "m.yaml")
 
 

@@ -174,11 +174,11 @@ def test_engine_choice_for_applications(lake, tmp_path):
     tight = app.model_copy(update={"arrow_max_bytes": 10})
     assert engines.choose_for_application(cat, tight, rules, 1000).reason == \
         "auto: 1000 bytes of files > 10 (application app arrow_max_bytes)"
-    sql_rule = [Rule(name="custom", type="expression", expression="pos > 0")]
-    fallback = engines.choose_for_application(cat, app, sql_rule, 10)
-    assert fallback.engine == "spark" and "rule type(s) expression are evaluated by Spark" in fallback.reason
+    spark_rule = [Rule(name="custom", type="freshness", column="ts", max_age_seconds=60)]
+    fallback = engines.choose_for_application(cat, app, spark_rule, 10)
+    assert fallback.engine == "spark" and "rule type(s) freshness are evaluated by Spark" in fallback.reason
     with pytest.raises(ValueError, match="application app asks for engine arrow.*rule type"):
-        engines.choose_for_application(cat, app.model_copy(update={"engine": "arrow"}), sql_rule, 10)
+        engines.choose_for_application(cat, app.model_copy(update={"engine": "arrow"}), spark_rule, 10)
     daily = engines.choose_for_application(cat, app.model_copy(update={"partition_by_day": True}), rules, 10)
     assert daily.engine == "spark" and "partition_by_day (PyIceberg writes a truncate partition only with " \
         "pyiceberg-core" in daily.reason
@@ -192,9 +192,10 @@ def test_engine_arrow_on_an_application_it_cannot_load_is_refused_on_validation(
     path = tmp_path / "apps.yaml"
     path.write_text(META.replace("ENGINE", "arrow").replace("MIN_ROWS", "1").replace(
         "- {name: named, type: not_null, columns: [entity_name], severity: warn}",
-        "- {name: custom, type: expression, expression: \"length(raw_record) > 2\"}"))
+        "- {name: custom, type: expression, expression: \"my_udf(raw_record) > 2\"}"))
     with pytest.raises(MetadataError, match=r"apps.yaml: applications\[0\].engine: application 'app' asks for engine "
-                                            r"arrow, which cannot load its entity_raw table: rule type\(s\) expression"):
+                                            r"arrow, which cannot load its entity_raw table: rule 'custom': expression "
+                                            r"'my_udf\(raw_record\) > 2' is evaluated by Spark \(function\(s\) my_udf"):
         load_metadata(path)
     path.write_text(path.read_text().replace("engine: arrow", "engine: auto"))
     assert load_metadata(path).catalog.application("app").engine == "auto"

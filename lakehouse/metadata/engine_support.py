@@ -10,7 +10,8 @@ from __future__ import annotations
 from lakehouse.metadata.model import Application, Rule, Source, Stage, Target
 
 #: rule types the Arrow engine evaluates (pyarrow.compute); any other keeps a stage on Spark
-ARROW_RULES = frozenset({"row_count", "row_count_change", "not_null", "unique", "accepted_values", "range", "regex"})
+ARROW_RULES = frozenset({"row_count", "row_count_change", "not_null", "unique", "accepted_values", "range", "regex",
+                         "expression"})
 #: source kinds whose input the Arrow engine reads (local files, or S3 objects staged locally)
 ARROW_SOURCES = frozenset({"files", "s3"})
 ARROW_FORMATS = frozenset({"parquet", "csv", "jsonl"})
@@ -59,10 +60,16 @@ def rule_blockers(rules: list[Rule]) -> list[str]:
     """Why the Arrow engine cannot audit with these rules (an entity_raw load's only blocker: its
     parquet reads, the raw_record JSON, the size cap and UPSERT's delete all run on Arrow)."""
     bad = sorted({r.type for r in rules if r.enabled and r.type not in ARROW_RULES})
-    if bad:
-        return [f"rule type(s) {', '.join(bad)} are evaluated by Spark (Arrow evaluates: "
-                f"{', '.join(sorted(ARROW_RULES))})"]
-    return []
+    out = [f"rule type(s) {', '.join(bad)} are evaluated by Spark (Arrow evaluates: "
+           f"{', '.join(sorted(ARROW_RULES))})"] if bad else []
+    for r in rules:
+        if r.enabled and r.type == "expression":  # evaluated in DuckDB: its Spark SQL must carry over
+            from lakehouse.sqlparse import expression_problem
+
+            problem = expression_problem(r.expression or "")
+            if problem:
+                out.append(f"rule {r.name!r}: expression {r.expression!r} is evaluated by Spark ({problem})")
+    return out
 
 
 def entity_raw_blockers(app: Application, rules: list[Rule]) -> list[str]:

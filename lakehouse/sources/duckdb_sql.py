@@ -90,7 +90,7 @@ def stage_arrow(ctx: StageContext, plan: ExtractPlan, time_zone: str) -> pa.Tabl
 def session_time_zone(ctx: StageContext) -> str:
     """Spark's session time zone as the platform configures it (lakehouse.spark.spark_conf), for a
     stage that runs without a session: the same day from the same timestamp on both engines."""
-    return ctx.platform.settings.spark_conf.get("spark.sql.session.timeZone", DEFAULT_TIME_ZONE)
+    return ctx.platform.settings.session_time_zone
 
 
 def run_stage_sql(ctx: StageContext, plan: ExtractPlan) -> DataFrame:
