@@ -6,8 +6,12 @@ under the target's `maintenance` block (model.Maintenance; unset fields take the
 `maintenance.<field>`, then DEFAULTS) and runs Iceberg's own Spark procedures for it:
 
 * `rewrite_data_files` (bin-pack) once more than `compact_min_small_files` live data files are under
-  `small_file_mb`, writing files of `target_file_size_mb`;
-* `expire_snapshots` older than `snapshot_max_age_hours`, keeping the newest `min_snapshots_to_keep`.
+  `small_file_mb`, writing files of `target_file_size_mb`, and some partition holds two files the
+  bin-pack would take (BINPACK_RATIO): it packs within a partition and leaves a partition's lone file
+  alone, so a table with one file per partition (a daily rollup's) would cost a Spark job for nothing;
+* `expire_snapshots` older than `snapshot_max_age_hours`, keeping the newest `min_snapshots_to_keep`,
+  once a snapshot is older than that (or than a branch's own `max-snapshot-age-ms`) or a ref is past
+  its `max-ref-age-ms`: nothing else can be expired.
   Iceberg never expires a snapshot a branch or tag points at, so a kept failed audit's branch
   (lakehouse.branches) and its data stay readable: a branch's own `max-snapshot-age-ms` only governs
   the branch's older ancestors, never its head. What *can* drop such a branch is a `max-ref-age-ms`
@@ -18,8 +22,15 @@ under the target's `maintenance` block (model.Maintenance; unset fields take the
   goes past the oldest such snapshot still in the table, so the next incremental read finds it;
 * `remove_orphan_files` older than `orphan_min_age_hours` (at least 24: a younger file may be a
   concurrent writer's, not yet committed), and not at all while a live run holds a lease on the
-  table (lakehouse.coordination), whose uncommitted files look exactly like orphans;
+  table (lakehouse.coordination), whose uncommitted files look exactly like orphans. The procedure
+  removes only files modified before that cutoff, so when a listing of the table's location (plain
+  files, or the platform's S3 client) finds none, it is not called: a table younger than the cutoff
+  costs no Spark job, while a table re-created at an old location, holding old files, still does;
 * `rewrite_manifests` once the current snapshot has more than MANIFEST_TRIGGER manifests.
+
+What is not due is decided from metadata alone (PyIceberg, the listing): a table with nothing due
+costs no Spark call, so a maintenance step whose tables are all quiet starts no SparkSession; every
+decision, due or not, is in `reasons`.
 
 Identifiers reach SQL backtick-quoted, values as literals (lakehouse.iceberg.quote / sql_string).
 Results go to the audit log (event `maintenance`) and back to the caller (the Dagster asset puts them
@@ -29,10 +40,12 @@ in its materialization metadata; `lakehouse maintain` prints them).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 from lakehouse.iceberg import MAIN, quote, sql_string
 from lakehouse.incremental import CONSUMED_PREFIX, consumed_marks  # noqa: F401 - the consumers' key, named here too
@@ -53,6 +66,16 @@ MANIFEST_TRIGGER = 10
 MAX_REF_AGE_PROPERTY = "history.expire.max-ref-age-ms"
 AUDIT_EVENT = "maintenance"
 MB = 1024 * 1024
+# Iceberg's bin-pack (1.10, BinPackRewriteFilePlanner) with the options _run passes: files under
+# `min-file-size-bytes` or over `max-file-size-bytes` (unset: BINPACK_RATIO x the target size) are
+# candidates, grouped per partition (files of older specs together); a group is rewritten with at least
+# `min-input-files` (MIN_INPUT_FILES) of them, or above `max-file-group-size-bytes` (MAX_GROUP_BYTES)
+BINPACK_RATIO = 1.8
+MIN_INPUT_FILES = 2
+MAX_GROUP_BYTES = 100 * 1024 * MB
+#: Listed modification times are compared with this much slack (ms) in favour of "old": a file
+#: within a second of the cutoff goes to Spark's own listing, which decides
+MTIME_SLACK_MS = 1000
 
 
 # --------------------------------------------------------------------------- what applies
@@ -122,21 +145,70 @@ class TableState:
     data_bytes: int = 0
     manifests: int = 0
     snapshots: int = 0
+    #: partitions where compaction's bin-pack has a group to rewrite (BINPACK_RATIO)
+    partitions_to_pack: int = 0
+    #: live data files with delete files (merge-on-read): compaction may rewrite those alone
+    files_with_deletes: int = 0
 
 
-def table_state(tables: IcebergTables, ident: str, small_bytes: int) -> TableState:
-    """Counts of the current snapshot's live files and the table's snapshots (PyIceberg: no Spark job)."""
+def table_state(tables: IcebergTables, ident: str, small_bytes: int, target_bytes: int | None = None) -> TableState:
+    """Counts of the current snapshot's live files and the table's snapshots (PyIceberg: no Spark job);
+    with `target_bytes` (compaction's output size) also the partitions bin-pack would rewrite."""
     tbl = tables.meta.load_table(ident)
     snap = tbl.current_snapshot()
     st = TableState(snapshots=len(tbl.metadata.snapshots))
     if snap is None:
         return st
     st.manifests = len(snap.manifests(tbl.io))
+    spec_id = tbl.metadata.default_spec_id
+    big = int(target_bytes * BINPACK_RATIO) if target_bytes else None
+    groups: dict[Any, list[int]] = {}
     for task in tbl.scan().plan_files():
+        size = task.file.file_size_in_bytes
         st.data_files += 1
-        st.data_bytes += task.file.file_size_in_bytes
-        st.small_files += task.file.file_size_in_bytes < small_bytes
+        st.data_bytes += size
+        st.small_files += size < small_bytes
+        st.files_with_deletes += bool(task.delete_files)
+        if big is not None and (size < small_bytes or size > big):
+            key = (spec_id, repr(task.file.partition)) if task.file.spec_id == spec_id else "older specs"
+            groups.setdefault(key, []).append(size)
+    st.partitions_to_pack = sum(len(g) >= MIN_INPUT_FILES or sum(g) > MAX_GROUP_BYTES for g in groups.values())
     return st
+
+
+def location_files(platform: Platform, location: str, older_than_ms: int) -> tuple[str | None, int] | None:
+    """(a file under `location` modified before `older_than_ms` or None, files listed until then), by
+    plain listing (local) or the platform's S3 client (s3://, s3a://, s3n://); None for a scheme
+    neither lists. remove_orphan_files lists exactly that location and removes only such files."""
+    url = urlparse(location)
+    cutoff = older_than_ms + MTIME_SLACK_MS
+    listed = 0
+    if url.scheme in ("", "file"):
+        stack = [url.path or location]
+        while stack:
+            try:
+                entries = os.scandir(stack.pop())
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            with entries:
+                for e in entries:
+                    if e.is_dir():
+                        stack.append(e.path)
+                        continue
+                    listed += 1
+                    if e.stat().st_mtime_ns // 1_000_000 < cutoff:
+                        return e.path, listed
+        return None, listed
+    if url.scheme in ("s3", "s3a", "s3n"):
+        prefix = url.path.lstrip("/").rstrip("/") + "/"
+        pages = platform.s3.for_source(None).get_paginator("list_objects_v2").paginate(Bucket=url.netloc, Prefix=prefix)
+        for page in pages:
+            for obj in page.get("Contents", []):
+                listed += 1
+                if obj["LastModified"].timestamp() * 1000 < cutoff:
+                    return f"{url.scheme}://{url.netloc}/{obj['Key']}", listed
+        return None, listed
+    return None
 
 
 def consumer_floor(tables: IcebergTables, catalog: MetadataCatalog, ident: str) -> dict[str, int]:
@@ -186,6 +258,27 @@ class Plan:
     orphan_older_than_ms: int
     reasons: dict[str, str] = field(default_factory=dict)
     protected: dict[str, int] = field(default_factory=dict)
+    #: the listing proved there is no orphan to remove (nothing under the location is old enough)
+    no_old_files: bool = False
+
+
+def _expirable(md, now_ms: int, older_than_ms: int) -> str | None:
+    """What expire_snapshots could remove, or None when nothing: it removes only snapshots older than
+    `older_than` or than a branch's own `max-snapshot-age-ms`, never a ref's head, and refs past their
+    `max-ref-age-ms`."""
+    table_max_ref = md.properties.get(MAX_REF_AGE_PROPERTY)
+    ts = {s.snapshot_id: s.timestamp_ms for s in md.snapshots}
+    cutoff = max([older_than_ms] + [now_ms - r.max_snapshot_age_ms for r in md.refs.values()
+                                    if r.snapshot_ref_type == "branch" and r.max_snapshot_age_ms])
+    heads = {r.snapshot_id for r in md.refs.values()}  # never expired
+    old = sum(s.timestamp_ms < cutoff and s.snapshot_id not in heads for s in md.snapshots)
+    if old:
+        return f"{old} snapshot(s) older than {_iso(cutoff)}"
+    for name, ref in md.refs.items():
+        max_age = ref.max_ref_age_ms or (int(table_max_ref) if table_max_ref else None)
+        if name != MAIN and max_age is not None and now_ms - ts.get(ref.snapshot_id, now_ms) > max_age:
+            return f"ref {name} is past its max-ref-age ({max_age} ms)"
+    return None
 
 
 def plan(platform: Platform, tables: IcebergTables, catalog: MetadataCatalog, target: Target,
@@ -196,32 +289,60 @@ def plan(platform: Platform, tables: IcebergTables, catalog: MetadataCatalog, ta
     ident = target.identifier
     pol = policy(catalog, target)
     now_ms = int((time.time() if now is None else now) * 1000)
-    before = table_state(tables, ident, int(pol.small_file_mb * MB))
+    before = table_state(tables, ident, int(pol.small_file_mb * MB), pol.target_file_size_mb * MB)
+    md = tables.meta.load_table(ident).metadata
     reasons: dict[str, str] = {}
     compact = before.small_files > pol.compact_min_small_files
     reasons["compact"] = (f"{before.small_files} of {before.data_files} live file(s) under {pol.small_file_mb:g} MB "
                           f"({'more than' if compact else 'not more than'} {pol.compact_min_small_files})")
+    if compact and not before.partitions_to_pack and not before.files_with_deletes:
+        compact = False
+        reasons["compact"] += (", but no partition holds two files to bin-pack together: rewrite_data_files "
+                               "would rewrite nothing")
+    elif compact:
+        reasons["compact"] += f"; {before.partitions_to_pack} partition(s) to bin-pack" + (
+            f", {before.files_with_deletes} file(s) with deletes" if before.files_with_deletes else "")
     expire_before = now_ms - int(pol.snapshot_max_age_hours * 3600_000)
     protected = consumer_floor(tables, catalog, ident)
     if protected:
-        snap_ts = {s.snapshot_id: s.timestamp_ms for s in tables.meta.load_table(ident).metadata.snapshots}
+        snap_ts = {s.snapshot_id: s.timestamp_ms for s in md.snapshots}
         expire_before = min(expire_before, *(snap_ts[s] for s in protected.values()))
     threat = _ref_expiry_threat(tables, ident, now_ms)
     expire = threat is None and before.snapshots > pol.min_snapshots_to_keep
     reasons["expire"] = threat or (f"{before.snapshots} snapshot(s), keep the newest {pol.min_snapshots_to_keep} and "
                                    f"those after {_iso(expire_before)}"
                                    + (f" (held back by consumer(s) {sorted(protected)})" if protected else ""))
+    if expire:
+        expirable = _expirable(md, now_ms, expire_before)
+        expire = expirable is not None
+        reasons["expire"] += f": {expirable}" if expire else ": none is older, no ref past its max-ref-age"
+    orphan_before = now_ms - int(pol.orphan_min_age_hours * 3600_000)
     live = coordination.live_runs(platform, ident)
-    reasons["orphans"] = (f"postponed: run(s) {', '.join(sorted(live))} are writing the table" if live
-                          else f"files no snapshot references, older than {pol.orphan_min_age_hours:g} h")
+    orphans, no_old_files = not live, False
+    if live:
+        reasons["orphans"] = f"postponed: run(s) {', '.join(sorted(live))} are writing the table"
+    else:
+        reasons["orphans"] = f"files no snapshot references, older than {pol.orphan_min_age_hours:g} h"
+        try:
+            listing = location_files(platform, md.location, orphan_before)
+        except Exception as exc:  # noqa: BLE001 - Spark's own listing decides, as before
+            log.warning("%s: listing %s failed (%s): remove_orphan_files lists it", ident, md.location, exc)
+            listing, reasons["orphans"] = None, reasons["orphans"] + f" (listing the location failed: {exc})"
+        if listing is None:
+            reasons["orphans"] += f" (Spark lists {urlparse(md.location).scheme or 'file'}://)"
+        elif listing[0] is None:
+            orphans, no_old_files = False, True
+            reasons["orphans"] += (f": none can be, no file under the table's location is modified before "
+                                   f"{_iso(orphan_before)} ({listing[1]} listed)")
+        else:
+            reasons["orphans"] += f": the location holds files modified before {_iso(orphan_before)}"
     manifests = bool(pol.rewrite_manifests) and before.manifests > MANIFEST_TRIGGER
     reasons["manifests"] = (f"{before.manifests} manifest(s) "
                             f"({'more than' if manifests else 'not more than'} {MANIFEST_TRIGGER})"
                             if pol.rewrite_manifests else "switched off")
-    return Plan(ident, pol, before, compact=compact, expire=expire, orphans=not live, manifests=manifests,
-                expire_older_than_ms=expire_before,
-                orphan_older_than_ms=now_ms - int(pol.orphan_min_age_hours * 3600_000),
-                reasons=reasons, protected=protected)
+    return Plan(ident, pol, before, compact=compact, expire=expire, orphans=orphans, manifests=manifests,
+                expire_older_than_ms=expire_before, orphan_older_than_ms=orphan_before,
+                reasons=reasons, protected=protected, no_old_files=no_old_files)
 
 
 def _iso(ms: int) -> str:
@@ -276,8 +397,13 @@ def maintain(platform: Platform, target: Target, *, dry_run: bool = False, run_i
                 rows = _call(tables, ident, "remove_orphan_files", older_than=_ts(p.orphan_older_than_ms),
                              dry_run="true")
                 out["orphan_files_found"] = len(rows)
-        else:
+            elif p.no_old_files:
+                out["orphan_files_found"] = 0
+        elif out["due"]:
             _run(tables, ident, p, out)
+        else:  # nothing to do: no Spark call (nor a session started for it)
+            out.update(files_after=p.before.data_files, small_files_after=p.before.small_files,
+                       snapshots_after=p.before.snapshots, manifests_after=p.before.manifests)
     except Exception as exc:
         out["duration_ms"] = int((time.monotonic() - started) * 1000)
         platform.store.audit(run_id=run_id, dataset=ident, event=AUDIT_EVENT, outcome="failed",

@@ -54,7 +54,7 @@ def _table_slot(context, pool: str | None) -> Iterator[float]:
 
 def _results_table(rows: list[dict]) -> str:
     lines = ["| table | due | files | snapshots expired | orphans removed |", "|---|---|---|---|---|"]
-    lines += [f"| {r['table']} | {', '.join(r.get('due', [])) or r.get('skipped', '-')} | "
+    lines += [f"| {r['table']} | {', '.join(r.get('due', [])) or r.get('skipped', 'nothing due')} | "
               f"{r.get('files_before', '-')} → {r.get('files_after', r.get('files_before', '-'))} | "
               f"{r.get('snapshots_expired', 0)} | {r.get('orphan_files_removed', 0)} |" for r in rows]
     return "\n".join(lines)
