@@ -62,9 +62,15 @@ class Side:
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
+        # the code server, and the run workers it spawns, run `python -m` in this process's working
+        # directory, which Python puts ahead of PYTHONPATH on sys.path: started in another tree, a
+        # baseline side would import that tree's packages, not its own
+        cwd = os.getcwd()
+        os.chdir(self.repo)
         try:
             self._start()
         finally:
+            os.chdir(cwd)
             os.dup2(saved_fds[0], 1)
             os.dup2(saved_fds[1], 2)
             os.close(saved_fds[0])
