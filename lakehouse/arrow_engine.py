@@ -640,6 +640,7 @@ def _expression_passes(rule: Rule, table: pa.Table, time_zone: str) -> pa.Chunke
     one boolean row-level expression of the table's columns, the same answer on every evaluation."""
     import duckdb
 
+    from lakehouse.sources.duckdb_sql import connect
     from lakehouse.sqlparse import DuckdbSqlError, expression_to_duckdb
     from lakehouse.validation.rules import check_expression
 
@@ -648,10 +649,8 @@ def _expression_passes(rule: Rule, table: pa.Table, time_zone: str) -> pa.Chunke
         sql = expression_to_duckdb(text)
     except DuckdbSqlError as exc:
         raise RuleError(f"rule {rule.name!r}: expression {text!r} cannot be evaluated without Spark: {exc}") from exc
-    con = duckdb.connect()
+    con = connect(time_zone)  # one answer per row, in the rows' order; no file or network access
     try:
-        con.execute("SET TimeZone = ?", [time_zone])
-        con.execute("SET preserve_insertion_order = true")  # one answer per row, in the rows' order
         con.register("__lh_rows", table)
         result = con.execute(f"SELECT ({sql}) AS ok FROM __lh_rows").fetch_arrow_table().column(0)
     except duckdb.Error as exc:

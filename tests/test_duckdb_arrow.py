@@ -194,3 +194,25 @@ def test_a_result_column_no_table_can_hold_is_named_and_nothing_is_written(lake,
     with pytest.raises(ValueError, match="column 'span': .*month_day_nano_interval"):
         run_stage(lake, "by_country", "r1")
     assert not pyiceberg(lake).table_exists("gold.sales_by_country")
+
+
+def test_duckdb_sees_only_the_tables_it_is_given():
+    """SQL from metadata runs in a DuckDB without file, network or extension access: whatever gets
+    past the static checks can read the registered upstream tables and nothing else."""
+    import duckdb
+    import pyarrow as pa
+
+    from lakehouse.sources.duckdb_sql import connect
+
+    con = connect()
+    try:
+        con.register("t", pa.table({"a": [1, 2, 3]}))
+        assert con.execute("SELECT sum(a) FROM t").fetchall() == [(6,)]
+        for sql in ("SELECT * FROM read_csv('/etc/passwd')", "COPY t TO '/tmp/lh_duck_leak.csv'", "INSTALL httpfs",
+                    "SELECT * FROM read_parquet('https://example.com/x.parquet')"):
+            with pytest.raises(duckdb.Error):
+                con.execute(sql)
+        with pytest.raises(duckdb.Error):
+            con.execute("SET enable_external_access = true")
+    finally:
+        con.close()

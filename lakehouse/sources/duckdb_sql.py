@@ -35,13 +35,23 @@ if TYPE_CHECKING:
 DEFAULT_TIME_ZONE = "UTC"
 
 
-def query_arrow(sql: str, tables: Mapping[str, pa.Table], time_zone: str = DEFAULT_TIME_ZONE) -> pa.Table:
-    """Run Spark SQL `sql` on DuckDB with `tables` (name in the SQL -> Arrow table) as its relations."""
+def connect(time_zone: str = DEFAULT_TIME_ZONE):
+    """An in-memory DuckDB connection that sees only the Arrow tables registered on it: no file,
+    network or extension access (what SQL from metadata may do stays inside the pinned tables),
+    timestamps in `time_zone`, results in the rows' order."""
     import duckdb
 
-    con = duckdb.connect()
+    con = duckdb.connect(config={"enable_external_access": False, "autoload_known_extensions": False,
+                                 "autoinstall_known_extensions": False})
+    con.execute("SET TimeZone = ?", [time_zone])
+    con.execute("SET preserve_insertion_order = true")
+    return con
+
+
+def query_arrow(sql: str, tables: Mapping[str, pa.Table], time_zone: str = DEFAULT_TIME_ZONE) -> pa.Table:
+    """Run Spark SQL `sql` on DuckDB with `tables` (name in the SQL -> Arrow table) as its relations."""
+    con = connect(time_zone)
     try:
-        con.execute("SET TimeZone = ?", [time_zone])
         for name, table in tables.items():
             con.register(name, table)
         return con.execute(to_duckdb(sql)).fetch_arrow_table()
