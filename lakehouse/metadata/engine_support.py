@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from lakehouse.metadata.model import Application, Rule, Source, Stage, Target
 
-#: rule types the Arrow engine evaluates (pyarrow.compute); any other keeps a stage on Spark
+#: rule types the Arrow engine evaluates (pyarrow.compute; `expression` in DuckDB); any other keeps a stage on Spark
 ARROW_RULES = frozenset({"row_count", "row_count_change", "not_null", "unique", "accepted_values", "range", "regex",
                          "expression"})
 #: source kinds whose input the Arrow engine reads (local files, or S3 objects staged locally)
@@ -31,11 +31,11 @@ def arrow_blockers(stage: Stage | None, target: Target, source: Source | None, r
         out.append("Python stages run on Spark (stage transformation)")
     elif stage is not None and (stage.transformation or stage.transformation_file) and not duck:
         out.append("SQL stages run on Spark unless their SELECT runs on DuckDB (stage sql_engine: duckdb)")
-    if duck:
-        pass  # it reads the upstream tables its SQL names, not source files
+    if duck:  # it reads the upstream tables its SQL names, not source files
+        source = None
     elif source is None:
         out.append("the stage has no source files to read")
-    else:
+    if source is not None:
         if source.kind not in ARROW_SOURCES:
             out.append(f"source kind {source.kind!r} is read by Spark (Arrow reads: {', '.join(sorted(ARROW_SOURCES))})")
         elif source.format not in ARROW_FORMATS:

@@ -97,12 +97,6 @@ def stage_arrow(ctx: StageContext, plan: ExtractPlan, time_zone: str) -> pa.Tabl
     return result
 
 
-def session_time_zone(ctx: StageContext) -> str:
-    """Spark's session time zone as the platform configures it (lakehouse.spark.spark_conf), for a
-    stage that runs without a session: the same day from the same timestamp on both engines."""
-    return ctx.platform.settings.session_time_zone
-
-
 def run_stage_sql(ctx: StageContext, plan: ExtractPlan) -> DataFrame:
     """The stage's SQL on DuckDB over its pinned upstreams, as a DataFrame for a load on Spark."""
     spark = ctx.platform.spark()

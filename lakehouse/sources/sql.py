@@ -45,9 +45,11 @@ def upstream_properties(plan: ExtractPlan) -> dict[str, str]:
 
 def duckdb_arrow_batches(ctx: StageContext, plan: ExtractPlan) -> Iterator[Batch]:
     """A DuckDB SQL stage's one batch as an Arrow table, for the Arrow write engine (no JVM)."""
-    from lakehouse.sources.duckdb_sql import session_time_zone, stage_arrow
+    from lakehouse.sources.duckdb_sql import stage_arrow
 
-    yield Batch(stage_arrow(ctx, plan, session_time_zone(ctx)), upstream_properties(plan), label="sql")
+    # Spark's session time zone as the platform configures it: the same day from the same timestamp
+    yield Batch(stage_arrow(ctx, plan, ctx.platform.settings.session_time_zone), upstream_properties(plan),
+                label="sql")
 
 
 @register
