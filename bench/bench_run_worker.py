@@ -100,12 +100,17 @@ class Tree:
         # the code server (and its run workers) import this tree; BENCH_EXTRA_PATH: e.g. a directory whose
         # sitecustomize.py profiles the run workers (cProfile)
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("BENCH_EXTRA_PATH"), str(self.repo)) if p)
+        # the code server and its run workers run `python -m` in this process's working directory, which
+        # Python puts ahead of PYTHONPATH: started elsewhere, the baseline would import another tree
+        cwd = os.getcwd()
+        os.chdir(self.repo)
         try:
             self.ctx = WorkspaceProcessContext(self.instance, WorkspaceFileTarget(
                 paths=[str(self.home / "dagster" / "workspace.yaml")]))
             self.ctx.__enter__()
             req = self.ctx.create_request_context()
         finally:
+            os.chdir(cwd)
             if old is None:
                 os.environ.pop("PYTHONPATH")
             else:
