@@ -20,6 +20,7 @@ from lakehouse.metadata.derived import read_structure
 from lakehouse.platform import Platform
 from lakehouse.pyarrow_probes import answer_pandas_probes
 from lakehouse.spark import release_jvm_at_exit
+from lakehouse.startup import resume_collector
 from lakehouse.throughput.instance import headless_instance, run_tags
 
 
@@ -61,8 +62,10 @@ def cmd_run(args) -> int:
     quiet = {} if args.verbose else {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
     # what is alive now (the imported modules, the definitions, the instance) lives until the process
     # ends: the cyclic collector's full collections during the run need not traverse it again (~20 %
-    # of a small run's CPU went to them). New objects are still collected; as in the code server
+    # of a small run's CPU went to them). New objects are still collected; as in the code server.
+    # The process's entry paused the collector for the start-up that made them: it resumes here
     gc.freeze()
+    resume_collector()
     # the selection named again: a run records only the selection it is given (as a UI run's), which
     # the run summary sensor and the kill switch read. Each stage's DataHub emission runs beside the
     # run on the other core (lakehouse.lineage.background); the block ends when the last one is out.

@@ -7,7 +7,9 @@ code location's Spark resource imports it when a step first asks for a session).
 still is, without a JVM: the files path of both engines (probe, `lakehouse.ingest.reconcile`)
 uses its type classes as its schema model. A code server's import of the definitions imports
 neither. A Spark run's driver reads table metadata without PyIceberg's pyarrow FileIO, so without
-pyarrow.dataset and pandas (lakehouse.iceberg_fileio)."""
+pyarrow.dataset and pandas (lakehouse.iceberg_fileio). Each run's process starts as the console
+script's does (lakehouse._entry): the cyclic collector paused until the job starts, the command line
+parsed without the `lakehouse/cli_*.py` modules (lakehouse.startup)."""
 
 from __future__ import annotations
 
@@ -41,17 +43,29 @@ validation_rules:
 
 SCRIPT = textwrap.dedent("""
     import atexit, gc, json, sys
-    from lakehouse import cli, pyarrow_probes
+    from lakehouse import _entry, startup  # noqa: F401 - nothing else of lakehouse yet: the start-up is measured
+
+    collections = {"start-up": 0, "job": 0}  # cyclic collections before the run froze its start-up, and after
+
+    def count(phase, info):
+        if phase == "stop":
+            collections["job" if gc.get_freeze_count() else "start-up"] += 1
+
+    gc.callbacks.append(count)
 
     def report():
+        from lakehouse import pyarrow_probes
+
         print(f"FROZEN {gc.get_freeze_count()}")
+        print(f"COLLECTIONS {json.dumps([collections, gc.isenabled()])}")
         print(f"PROBES {json.dumps(pyarrow_probes.applied())}")
         print("MODULES " + json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in
                                              ("networkx", "datahub", "mixpanel", "httpx", "dagster_pyspark",
-                                              "pyspark", "pandas", "pyarrow", "pyiceberg"))))
+                                              "pyspark", "pandas", "pyarrow", "pyiceberg") or
+                                             m.startswith("lakehouse.cli_"))))
 
     atexit.register(report)
-    cli.main()  # argv None: the command owns the process, as `lakehouse ...` does, and ends it (after `report`)
+    _entry.main()  # as the console script: the command owns the process and ends it (after `report`)
 """)
 
 
@@ -103,6 +117,13 @@ def test_an_arrow_run_imports_no_networkx_nor_datahub_ingestion(tmp_path):
     # collector (lakehouse_assets.cli): its full collections during the run skip it
     frozen = int(next(line for line in run.stdout.splitlines() if line.startswith("FROZEN "))[7:])
     assert frozen > 100_000, frozen
+    # the collector was paused while the process started (lakehouse.startup: ~500 collections, ~0.2 s of
+    # CPU before) and collected the job's garbage after the freeze, as before
+    collections, enabled = json.loads(next(line for line in run.stdout.splitlines()
+                                           if line.startswith("COLLECTIONS "))[12:])
+    assert collections["start-up"] == 0 and collections["job"] > 0 and enabled, collections
+    # its command line was parsed without the other commands' modules (lakehouse.cli.parse_args)
+    assert not [m for m in modules if m.startswith("lakehouse.cli_")], modules
 
     from lakehouse.metadata.store import MetadataStore
 
