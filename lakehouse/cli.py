@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import logging
 import sys
@@ -21,7 +20,6 @@ if __name__ == "__main__":
 
 from lakehouse.metadata.loader import MetadataError, load_metadata  # noqa: E402
 from lakehouse.platform import Platform  # noqa: E402
-from lakehouse.startup import command_of  # noqa: E402
 
 COMMANDS: dict[str, Callable[[argparse.ArgumentParser], None]] = {}
 
@@ -219,15 +217,10 @@ def cmd_branches(args) -> int:
     return 0
 
 
-def _top_parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser):
-    """The `lakehouse` parser without commands, and its subparsers object (for `register(sub)`)."""
-    p = parser_class(prog="lakehouse", description=__doc__)
-    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO; `run` prints Dagster's event stream")
-    return p, p.add_subparsers(dest="command", required=True)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p, sub = _top_parser()
+    p = argparse.ArgumentParser(prog="lakehouse", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO; `run` prints Dagster's event stream")
+    sub = p.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("metadata", help="validate, apply or show metadata")
     msub = m.add_subparsers(dest="action", required=True)
@@ -315,61 +308,25 @@ EXTRA_COMMANDS: list[Callable] = []
 ENTRY_POINT_GROUP = "lakehouse.cli"
 
 
-@functools.cache
-def _entry_point_commands() -> tuple[Callable, ...]:
-    """The register functions other installed packages declare in the `lakehouse.cli` entry points."""
-    from importlib.metadata import entry_points
-
-    return tuple(ep.load() for ep in entry_points(group=ENTRY_POINT_GROUP))
-
-
 def _load_extra_commands() -> None:
     """Import every `lakehouse/cli_*.py` (each registers its subcommands in EXTRA_COMMANDS), then
     add the commands other installed packages register in the `lakehouse.cli` entry points."""
     import importlib
+    from importlib.metadata import entry_points
 
     for path in sorted(Path(__file__).parent.glob("cli_*.py")):
         importlib.import_module(f"lakehouse.{path.stem}")
-    for register in _entry_point_commands():
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        register = ep.load()
         if register not in EXTRA_COMMANDS:
             EXTRA_COMMANDS.append(register)
-
-
-class _NotParsed(Exception):
-    """The entry points' parser could not parse a command line: the full parser will say why."""
-
-
-class _EntryPointParser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse's hook: raise instead of printing the usage and exiting
-        raise _NotParsed(message)
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """`argv` (default: the process's) parsed. A command the `lakehouse.cli` entry points add
-    (`run`, which executes a Dagster job) is parsed by a parser of only theirs: the full one imports
-    every `lakehouse/cli_*.py` module and builds ~60 parsers, CPU each `lakehouse run` paid before
-    its start-up (issue 21). What that parser refuses (another command, a wrong option) and help
-    go to the full parser, so every command, error, usage and help reads as before."""
-    if command_of(sys.argv[1:] if argv is None else list(argv)) not in (None, *_OWN_COMMANDS):
-        p, sub = _top_parser(_EntryPointParser)
-        for register in _entry_point_commands():
-            register(sub)
-        try:
-            return p.parse_args(argv)
-        except _NotParsed:
-            pass
-    _load_extra_commands()
-    return build_parser().parse_args(argv)
-
-
-#: the commands `build_parser` itself defines (the cli_*.py modules' are found by trying)
-_OWN_COMMANDS = ("metadata", "workspace", "demo", "pipeline", "stage", "audit", "branches")
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command line; `argv` None (the `lakehouse` process itself) ends the process here
     (`exit_without_teardown`), a list (a caller in the same process, e.g. a test) returns the code."""
-    args = parse_args(argv)
+    _load_extra_commands()
+    args = build_parser().parse_args(argv)
     # whether the command owns its process: only then may it change process-wide state (`lakehouse
     # run`'s answer to pyarrow's pandas probes, lakehouse.pyarrow_probes); a caller in the same process may not
     args.own_process = argv is None

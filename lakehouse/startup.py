@@ -1,20 +1,16 @@
 """What the `lakehouse` process decides from its command line before importing anything else.
 
-`command_of` names the command; `lakehouse run` is the one whose start-up cost is paid per run
-(issue 21), so two things are decided from it alone:
-
-* the command line parser: `lakehouse.cli` builds one with only the packages' entry-point
-  commands (`run`) instead of importing every `lakehouse/cli_*.py` to build them all;
-* the cyclic garbage collector (`pause_collector_for_run` / `resume_collector`): such a process
-  imports ~2,000 modules (Dagster, SQLAlchemy, PyIceberg, pydantic models) and builds one
-  pipeline's definitions before its job starts, ~200,000 container objects that nearly all live
-  until the process ends, and the collector traverses them again and again while they arrive
-  (~500 young and 3 full collections: ~0.2 s of CPU, a tenth of a small Arrow run). The entry
-  pauses it for a run; the run freezes what is alive when its job starts (`gc.freeze`) and
-  resumes it (lakehouse_assets/cli.py): the pattern the `gc.freeze` documentation gives for a
-  process that freezes what it holds. The job's own garbage is collected as before; the cyclic
-  garbage of the start-up (~5,000 objects, e.g. the parser and the SQLAlchemy engines Dagster
-  builds per call) is frozen with it instead of freed: a few MB, in a process that ends with the run.
+`command_of` names the command. `lakehouse run` is the one whose start-up is paid per run (issue
+21), and its cyclic garbage collector is decided from it (`pause_collector_for_run` /
+`resume_collector`): such a process imports ~2,000 modules (Dagster, SQLAlchemy, PyIceberg, pydantic
+models) and builds one pipeline's definitions before its job starts, ~200,000 container objects that
+nearly all live until the process ends, and the collector traverses them again and again while they
+arrive (~500 young and 3 full collections: ~0.2 s of CPU, a tenth of a small Arrow run). The entry
+pauses it for a run; the run freezes what is alive when its job starts (`gc.freeze`) and resumes it
+(lakehouse_assets/cli.py): the pattern the `gc.freeze` documentation gives for a process that freezes
+what it holds. The job's own garbage is collected as before; the cyclic garbage of the start-up
+(~5,000 objects, e.g. the parser and the SQLAlchemy engines Dagster builds per call) is frozen with it
+instead of freed: a few MB, in a process that ends with the run.
 
 Standard library only, and nothing of lakehouse: the entry (lakehouse._entry) imports it first.
 """

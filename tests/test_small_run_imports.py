@@ -8,8 +8,7 @@ still is, without a JVM: the files path of both engines (probe, `lakehouse.inges
 uses its type classes as its schema model. A code server's import of the definitions imports
 neither. A Spark run's driver reads table metadata without PyIceberg's pyarrow FileIO, so without
 pyarrow.dataset and pandas (lakehouse.iceberg_fileio). Each run's process starts as the console
-script's does (lakehouse._entry): the cyclic collector paused until the job starts, the command line
-parsed without the `lakehouse/cli_*.py` modules (lakehouse.startup)."""
+script's does (lakehouse._entry): the cyclic collector paused until the job starts (lakehouse.startup)."""
 
 from __future__ import annotations
 
@@ -61,8 +60,7 @@ SCRIPT = textwrap.dedent("""
         print(f"PROBES {json.dumps(pyarrow_probes.applied())}")
         print("MODULES " + json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in
                                              ("networkx", "datahub", "mixpanel", "httpx", "dagster_pyspark",
-                                              "pyspark", "pandas", "pyarrow", "pyiceberg") or
-                                             m.startswith("lakehouse.cli_"))))
+                                              "pyspark", "pandas", "pyarrow", "pyiceberg"))))
 
     atexit.register(report)
     _entry.main()  # as the console script: the command owns the process and ends it (after `report`)
@@ -122,8 +120,6 @@ def test_an_arrow_run_imports_no_networkx_nor_datahub_ingestion(tmp_path):
     collections, enabled = json.loads(next(line for line in run.stdout.splitlines()
                                            if line.startswith("COLLECTIONS "))[12:])
     assert collections["start-up"] == 0 and collections["job"] > 0 and enabled, collections
-    # its command line was parsed without the other commands' modules (lakehouse.cli.parse_args)
-    assert not [m for m in modules if m.startswith("lakehouse.cli_")], modules
 
     from lakehouse.metadata.store import MetadataStore
 
