@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 
 import sqlglot
 from sqlglot import exp
@@ -220,7 +221,152 @@ def expression_to_duckdb(expression: str) -> str:
     if varying:
         raise DuckdbSqlError(f"{', '.join(varying)}() answer differently on every evaluation, so the failing rows "
                              "cannot be counted")
-    return _duckdb_text(tree, "set the target's engine to spark")
+    _refuse_divergent(tree)
+    return _duckdb_text(tree, "set the target's engine to spark", _as_spark_answers)
+
+
+#: casts whose answer Spark (ANSI off) and DuckDB give differently for some input type, which a rule
+#: does not declare: to an integer Spark truncates a fraction (CAST('1.5' AS INT) = 1, 2.5 -> 2, a
+#: decimal 1.50 -> 1), wraps a bigint (9223372036854775807 -> -1), saturates a double (NaN -> 0,
+#: inf -> 2147483647) and refuses an exponent ('1e3' -> NULL); DuckDB rounds, answers NULL and reads
+#: '1e3' as 1000. To a string Spark writes a double as 'NaN', 'Infinity', '1.0E308'; DuckDB as 'nan',
+#: 'inf', '1e+308'. (tests/test_expression_parity.py found each of these.)
+_DIVERGENT_CASTS = {
+    exp.DataType.Type.TINYINT: "an integer", exp.DataType.Type.SMALLINT: "an integer",
+    exp.DataType.Type.INT: "an integer", exp.DataType.Type.BIGINT: "an integer",
+    exp.DataType.Type.TEXT: "a string", exp.DataType.Type.VARCHAR: "a string", exp.DataType.Type.CHAR: "a string",
+}
+
+#: functions DuckDB answers otherwise: sign(NaN) is NaN on Spark (greater than any number), 1 on
+#: DuckDB; unix_timestamp(ts) does not bind on DuckDB (a timestamp is not parsed as text there);
+#: initcap() splits words and maps case otherwise; nanvl() does not exist on DuckDB
+_DIVERGENT_FUNCTIONS = {exp.Sign: "sign()/signum() of NaN", exp.StrToUnix: "unix_timestamp()/to_unix_timestamp()",
+                        exp.Initcap: "initcap() (word boundaries and Unicode case mapping)",
+                        exp.Nanvl: "nanvl() (no DuckDB function)"}
+
+#: Spark's trunc() / date_trunc() unit names DuckDB does not know, as DuckDB spells them
+_TRUNC_UNITS = {"YYYY": "year", "YY": "year", "MM": "month", "MON": "month", "DD": "day"}
+
+
+def _refuse_divergent(tree: exp.Expression) -> None:
+    """DuckdbSqlError for a construct whose DuckDB answer differs from Spark's for some value."""
+    for cast in tree.find_all(exp.Cast):  # TryCast is a Cast
+        kind = _DIVERGENT_CASTS.get(cast.to.this)
+        if kind:
+            raise DuckdbSqlError(
+                f"CAST(... AS {cast.to.sql(dialect=DIALECT)}) answers differently on DuckDB for some values (to {kind} "
+                "Spark truncates, wraps or saturates where DuckDB rounds or answers NULL, and writes doubles "
+                "otherwise); compare without the cast (e.g. x >= 1 instead of CAST(x AS INT) >= 1), cast to "
+                "DOUBLE or DECIMAL, or set the target's engine to spark")
+    for node_type, what in _DIVERGENT_FUNCTIONS.items():
+        if tree.find(node_type):
+            raise DuckdbSqlError(f"{what} answers differently on DuckDB; rewrite it or set the target's engine to spark")
+
+
+def _as_spark_answers(tree: exp.Expression) -> exp.Expression:
+    """`tree` rewritten so DuckDB answers as Spark (ANSI off) does where sqlglot's translation does
+    not: a failing cast is NULL (int(s), to_timestamp(s) are CASTs in sqlglot's tree), DuckDB's
+    infinite dates and timestamps ('infinity' cast) are NULL, dayofweek is 1 (Sunday) to 7, substr's
+    position 0 is 1 and a start before the string shortens the slice, size(NULL) is -1, sqrt of a
+    negative is NaN and a logarithm of a number <= 0 is NULL (DuckDB raises on both), trunc()'s unit
+    names are DuckDB's, and upper()/lower() of non-ASCII text raise (Spark maps ß to SS, DuckDB
+    keeps it): a named rule error, never a silently different count."""
+    tree = tree.copy()
+    for node in reversed(list(tree.walk(bfs=False))):  # children before parents: a rewrite copies fixed children
+        new = _spark_answer(node)
+        if new is not node:
+            if node is tree:
+                tree = new
+            else:
+                node.replace(new)
+    return tree
+
+
+#: characters whose upper case is more than one character on Spark (Java's String.toUpperCase, from
+#: Unicode's SpecialCasing: ß -> SS, ligatures, Greek with ypogegrammeni ...) and one on DuckDB
+#: (utf8proc's simple mapping); a superset of the ranges, to err on the loud side
+_UPPER_EXPANDS = "\u00df\u0149\u01f0\u0390\u03b0\u0587\u1e96-\u1e9a\u1f50-\u1f56\u1f80-\u1ffc\ufb00-\ufb17"
+#: characters Java lower-cases otherwise: İ -> i + combining dot, Σ -> ς at a word's end
+_LOWER_DIFFERS = "\u0130\u03a3"
+
+_TIMES = (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ,
+          exp.DataType.Type.TIMESTAMPLTZ)
+
+
+def _spark_answer(node: exp.Expression) -> exp.Expression:
+    if isinstance(node, exp.TsOrDsToDate) and not node.args.get("format"):
+        node = exp.TryCast(this=node.this, to=exp.DataType.build("date"))
+    if isinstance(node, exp.Cast):  # TryCast too
+        to = node.to
+        if to.this == exp.DataType.Type.TIMESTAMP:  # to_timestamp(s): Spark's TIMESTAMP is zoned
+            to = exp.DataType.build("timestamptz")
+        cast = exp.TryCast(this=node.this, to=to)
+        if to.this in _TIMES:
+            return exp.Case(ifs=[exp.If(this=exp.func("isfinite", cast.copy()), true=cast)])
+        return cast
+    if isinstance(node, exp.DayOfWeek):
+        return exp.Paren(this=exp.Add(this=node.copy(), expression=exp.Literal.number(1)))
+    if isinstance(node, exp.Substring):
+        return _spark_substring(node)
+    if isinstance(node, exp.ArraySize):
+        return exp.Case(ifs=[exp.If(this=exp.Is(this=node.this.copy(), expression=exp.Null()),
+                                    true=exp.Literal.number(-1))], default=node.copy())
+    if isinstance(node, exp.Sqrt):
+        x = node.this
+        return exp.Sqrt(this=exp.Case(ifs=[exp.If(this=exp.LT(this=x.copy(), expression=exp.Literal.number(0)),
+                                                  true=_nan())], default=x.copy()))
+    if isinstance(node, (exp.Ln, exp.Log)):
+        arg = "this" if isinstance(node, exp.Ln) else "expression"
+        x = node.args[arg]
+        node.set(arg, exp.Case(ifs=[exp.If(this=exp.GT(this=x.copy(), expression=exp.Literal.number(0)),
+                                           true=x.copy())]))
+        return node
+    if isinstance(node, (exp.DateTrunc, exp.TimestampTrunc)):
+        unit = node.args.get("unit")
+        if unit is not None and unit.name.upper() in _TRUNC_UNITS:
+            node.set("unit", exp.Literal.string(_TRUNC_UNITS[unit.name.upper()]))
+        return node
+    if isinstance(node, (exp.Upper, exp.Lower)):
+        name, chars = ("upper", _UPPER_EXPANDS) if isinstance(node, exp.Upper) else ("lower", _LOWER_DIFFERS)
+        special = exp.RegexpLike(this=node.this.copy(), expression=exp.Literal.string(f"[{chars}]"))
+        message = exp.Literal.string(f"{name}() of a character Spark maps by Unicode's special casing (upper('ß') "
+                                     "is 'SS', lower('Σ') at a word's end is 'ς' on Spark, one character on "
+                                     "DuckDB); set the target's engine to spark")
+        return exp.Case(ifs=[exp.If(this=special, true=exp.func("error", message))], default=node.copy())
+    return node
+
+
+def _whole_number(node: exp.Expression) -> int:
+    """The value of an integer literal, -1 for anything else."""
+    return int(node.name) if isinstance(node, exp.Literal) and not node.is_string and node.name.isdigit() else -1
+
+
+def _nan() -> exp.Expression:
+    return exp.Cast(this=exp.Literal.string("NaN"), to=exp.DataType.build("double"))
+
+
+def _spark_substring(node: exp.Substring) -> exp.Expression:
+    """substr(s, pos[, len]) with Spark's reading of pos (UTF8String.substringSQL): pos > 0 counts
+    from 1, pos 0 is 1, pos < 0 counts from the end; the slice [start, start + len) is cut to the
+    string, so substr('ABC', -5, 3) is 'A' (DuckDB: 'ABC') and a negative len gives ''."""
+    s, pos, length = node.this, node.args.get("start"), node.args.get("length")
+    if pos is None or (_whole_number(pos) > 0 and (length is None or _whole_number(length) >= 0)):
+        return node  # both read a positive position and a length >= 0 alike
+    start = "CASE WHEN {p} > 0 THEN {p} - 1 WHEN {p} < 0 THEN LENGTH({s}) + {p} ELSE 0 END"
+    text = (f"CASE WHEN {{s}} IS NULL OR {{p}} IS NULL THEN NULL ELSE SUBSTRING({{s}}, GREATEST({start}, 0) + 1) END"
+            if length is None else
+            f"CASE WHEN {{s}} IS NULL OR {{p}} IS NULL OR {{n}} IS NULL THEN NULL "
+            f"WHEN GREATEST({start}, 0) >= ({start}) + {{n}} THEN '' "
+            f"ELSE SUBSTRING({{s}}, GREATEST({start}, 0) + 1, ({start}) + {{n}} - GREATEST({start}, 0)) END")
+    holes = {"s": s, "p": pos, "n": length}
+    template = sqlglot.parse_one(text.format(s="__lh_s", p="__lh_p", n="__lh_n"), read="duckdb")
+
+    def fill(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Column) and n.name.startswith("__lh_") and not n.table:
+            return exp.Paren(this=holes[n.name.removeprefix("__lh_")].copy())
+        return n
+
+    return template.transform(fill)
 
 
 def expression_problem(expression: str) -> str | None:
@@ -232,12 +378,17 @@ def expression_problem(expression: str) -> str | None:
     return None
 
 
-def _duckdb_text(tree: exp.Expression, fallback: str = "set sql_engine: spark") -> str:
+def _duckdb_text(tree: exp.Expression, fallback: str = "set sql_engine: spark",
+                 rewrite: Callable[[exp.Expression], exp.Expression] | None = None) -> str:
+    """DuckDB's text of `tree`; `rewrite` (after the check for unknown functions: its own may call
+    DuckDB functions sqlglot does not know) makes DuckDB answer as Spark."""
     unknown = sorted({f.name for f in tree.find_all(exp.Anonymous)})
     if unknown:  # sqlglot passes unknown functions through by name: DuckDB may lack them or differ
         raise DuckdbSqlError(
             f"function(s) {', '.join(unknown)} have no known DuckDB equivalent (sqlglot does not translate "
             f"them); rewrite with standard functions or {fallback}")
+    if rewrite is not None:
+        tree = rewrite(tree)
     try:
         return tree.sql(dialect="duckdb", unsupported_level=ErrorLevel.RAISE)
     except SqlglotError as exc:

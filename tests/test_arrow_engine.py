@@ -329,7 +329,7 @@ def test_expression_rules_are_evaluated_without_a_jvm_as_spark_does(lake, tmp_pa
     moves exactly the failing rows; an expression that is not boolean is named."""
     rules = RULES + """
 - {name: app_known, type: expression, expression: "extra.app IN ('app0', 'app1')", action: quarantine, severity: warn}
-- {name: numeric_country, type: expression, expression: "CAST(country AS INT) > 0", severity: warn}
+- {name: numeric_country, type: expression, expression: "CAST(country AS DOUBLE) > 0", severity: warn}
 - {name: ratio, type: expression, expression: "amount / (id - 2) > 0", severity: warn}
 - {name: recent, type: expression, expression: "ts >= '2026-01-02 03:00:00'", severity: warn}
 """
@@ -343,7 +343,7 @@ def test_expression_rules_are_evaluated_without_a_jvm_as_spark_does(lake, tmp_pa
     checks = {c.rule.name: c for c in out.checks}
     assert checks["app_known"].failed_rows == len(quarantined)
     kept = [r for r in rows if r not in quarantined]
-    assert checks["numeric_country"].failed_rows == len(kept)  # CAST('de' AS INT) is NULL: every row fails
+    assert checks["numeric_country"].failed_rows == len(kept)  # CAST('de' AS DOUBLE) is NULL: every row fails
     assert checks["ratio"].failed_rows == sum(1 for r in kept if r["id"] <= 2)  # id 2: x / 0 is NULL
     assert checks["recent"].failed_rows == 1
 

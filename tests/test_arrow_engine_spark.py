@@ -47,7 +47,7 @@ def meta(fmt: str) -> str:
              "{name: id_unique, type: unique, columns: [id]}",
              # expressions (Spark SQL; DuckDB on the Arrow side): the same rows fail on both engines,
              # NULL counting as failing: a CAST that fails, a division by zero, a comparison with NULL
-             "{name: country_numeric, type: expression, expression: 'CAST(country AS INT) > 0', severity: warn}",
+             "{name: country_numeric, type: expression, expression: 'CAST(country AS DOUBLE) > 0', severity: warn}",
              "{name: id_ratio, type: expression, expression: 'id / (id - 2) >= 1 OR country = \"fr\"', severity: warn}",
              "{name: id_small, type: expression, expression: 'id < 5 AND length(country) = 2', severity: warn}"]
     return "\n".join(["pipelines: [{pipeline_id: p_spark}, {pipeline_id: p_arrow}]", "sources:", f"  - {FORMATS[fmt]}",
