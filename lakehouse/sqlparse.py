@@ -237,6 +237,14 @@ _DIVERGENT_CASTS = {
     exp.DataType.Type.TEXT: "a string", exp.DataType.Type.VARCHAR: "a string", exp.DataType.Type.CHAR: "a string",
 }
 
+_CAST_WHY = {
+    "an integer": "Spark truncates '1.5' and 1.5 to 1, wraps a bigint, saturates a double and reads '1e3' as NULL; "
+                  "DuckDB rounds to 2 and reads 1000: compare without the cast (x >= 1 rather than CAST(x AS INT) "
+                  ">= 1) or cast to DOUBLE or DECIMAL",
+    "a string": "Spark writes a double as 'NaN', 'Infinity', '1.0E308', DuckDB as 'nan', 'inf', '1e+308': compare "
+                "the value itself, or format a date with date_format",
+}
+
 #: functions DuckDB answers otherwise: sign(NaN) is NaN on Spark (greater than any number), 1 on
 #: DuckDB; unix_timestamp(ts) does not bind on DuckDB (a timestamp is not parsed as text there);
 #: initcap() splits words and maps case otherwise; nanvl() does not exist on DuckDB
@@ -253,11 +261,8 @@ def _refuse_divergent(tree: exp.Expression) -> None:
     for cast in tree.find_all(exp.Cast):  # TryCast is a Cast
         kind = _DIVERGENT_CASTS.get(cast.to.this)
         if kind:
-            raise DuckdbSqlError(
-                f"CAST(... AS {cast.to.sql(dialect=DIALECT)}) answers differently on DuckDB for some values (to {kind} "
-                "Spark truncates, wraps or saturates where DuckDB rounds or answers NULL, and writes doubles "
-                "otherwise); compare without the cast (e.g. x >= 1 instead of CAST(x AS INT) >= 1), cast to "
-                "DOUBLE or DECIMAL, or set the target's engine to spark")
+            raise DuckdbSqlError(f"CAST(... AS {cast.to.sql(dialect=DIALECT)}) answers differently on DuckDB for some "
+                                 f"values ({_CAST_WHY[kind]}); set the target's engine to spark")
     for node_type, what in _DIVERGENT_FUNCTIONS.items():
         if tree.find(node_type):
             raise DuckdbSqlError(f"{what} answers differently on DuckDB; rewrite it or set the target's engine to spark")
@@ -267,10 +272,10 @@ def _as_spark_answers(tree: exp.Expression) -> exp.Expression:
     """`tree` rewritten so DuckDB answers as Spark (ANSI off) does where sqlglot's translation does
     not: a failing cast is NULL (int(s), to_timestamp(s) are CASTs in sqlglot's tree), DuckDB's
     infinite dates and timestamps ('infinity' cast) are NULL, dayofweek is 1 (Sunday) to 7, substr's
-    position 0 is 1 and a start before the string shortens the slice, size(NULL) is -1, sqrt of a
-    negative is NaN and a logarithm of a number <= 0 is NULL (DuckDB raises on both), trunc()'s unit
-    names are DuckDB's, and upper()/lower() of non-ASCII text raise (Spark maps ß to SS, DuckDB
-    keeps it): a named rule error, never a silently different count."""
+    position 0 is 1 and a start before the string shortens the slice, left/right of a length <= 0
+    is '', size(NULL) is -1, sqrt of a negative is NaN and a logarithm of a number <= 0 is NULL
+    (DuckDB raises on both), trunc()'s unit names are DuckDB's, and upper()/lower() of a character
+    Spark cases otherwise (ß -> SS) raise: a named rule error, never a silently different count."""
     tree = tree.copy()
     for node in reversed(list(tree.walk(bfs=False))):  # children before parents: a rewrite copies fixed children
         new = _spark_answer(node)
@@ -308,6 +313,14 @@ def _spark_answer(node: exp.Expression) -> exp.Expression:
         return exp.Paren(this=exp.Add(this=node.copy(), expression=exp.Literal.number(1)))
     if isinstance(node, exp.Substring):
         return _spark_substring(node)
+    if isinstance(node, (exp.Left, exp.Right)) and _whole_number(node.expression) < 0:
+        # Spark: a length <= 0 is ''; DuckDB's left('abc', -1) is 'ab'
+        n, text = node.expression, node.this
+        return exp.Case(ifs=[exp.If(this=exp.Or(this=exp.Is(this=text.copy(), expression=exp.Null()),
+                                                expression=exp.Is(this=n.copy(), expression=exp.Null())),
+                                    true=exp.Null()),
+                             exp.If(this=exp.LTE(this=n.copy(), expression=exp.Literal.number(0)),
+                                    true=exp.Literal.string(""))], default=node.copy())
     if isinstance(node, exp.ArraySize):
         return exp.Case(ifs=[exp.If(this=exp.Is(this=node.this.copy(), expression=exp.Null()),
                                     true=exp.Literal.number(-1))], default=node.copy())
@@ -348,7 +361,7 @@ def _nan() -> exp.Expression:
 def _spark_substring(node: exp.Substring) -> exp.Expression:
     """substr(s, pos[, len]) with Spark's reading of pos (UTF8String.substringSQL): pos > 0 counts
     from 1, pos 0 is 1, pos < 0 counts from the end; the slice [start, start + len) is cut to the
-    string, so substr('ABC', -5, 3) is 'A' (DuckDB: 'ABC') and a negative len gives ''."""
+    string, so substr('ABC', -5, 3) is 'A', and a negative len gives '' (DuckDB counts to the left)."""
     s, pos, length = node.this, node.args.get("start"), node.args.get("length")
     if pos is None or (_whole_number(pos) > 0 and (length is None or _whole_number(length) >= 0)):
         return node  # both read a positive position and a length >= 0 alike
