@@ -454,7 +454,11 @@ class ArrowTables(IcebergTables):
         super().__init__(platform.spark, platform.settings.catalog_name, platform.pyiceberg_catalog())
 
     def ensure_namespace(self, ns: str) -> None:
-        self.meta.create_namespace_if_not_exists(ns)
+        try:
+            self.meta.create_namespace_if_not_exists(ns)
+        except Exception:  # the SQL catalog's insert lost to another run's (an IntegrityError, not AlreadyExists)
+            if not self.meta.namespace_exists(ns):
+                raise
 
     def ensure_table(self, target: Target, schema: StructType, *, wap: bool = True) -> bool:
         """Create the table as Spark's catalog would from `schema` (same columns, types, partition

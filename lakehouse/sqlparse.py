@@ -247,10 +247,12 @@ _CAST_WHY = {
 
 #: functions DuckDB answers otherwise: sign(NaN) is NaN on Spark (greater than any number), 1 on
 #: DuckDB; unix_timestamp(ts) does not bind on DuckDB (a timestamp is not parsed as text there);
-#: initcap() splits words and maps case otherwise; nanvl() does not exist on DuckDB
+#: initcap() splits words and maps case otherwise; nanvl() does not exist on DuckDB; `a div b`
 _DIVERGENT_FUNCTIONS = {exp.Sign: "sign()/signum() of NaN", exp.StrToUnix: "unix_timestamp()/to_unix_timestamp()",
                         exp.Initcap: "initcap() (word boundaries and Unicode case mapping)",
-                        exp.Nanvl: "nanvl() (no DuckDB function)"}
+                        exp.Nanvl: "nanvl() (no DuckDB function)",
+                        exp.IntDiv: "div (Spark truncates a double or decimal operand to an integer first; DuckDB's // "
+                                    "of doubles does not)"}
 
 #: Spark's trunc() / date_trunc() unit names DuckDB does not know, as DuckDB spells them
 _TRUNC_UNITS = {"YYYY": "year", "YY": "year", "MM": "month", "MON": "month", "DD": "day"}
@@ -273,8 +275,8 @@ def _as_spark_answers(tree: exp.Expression) -> exp.Expression:
     not: a failing cast is NULL (int(s), to_timestamp(s) are CASTs in sqlglot's tree), DuckDB's
     infinite dates and timestamps ('infinity' cast) are NULL, dayofweek is 1 (Sunday) to 7, substr's
     position 0 is 1 and a start before the string shortens the slice, left/right of a length <= 0
-    is '', size(NULL) is -1, sqrt of a negative is NaN and a logarithm of a number <= 0 is NULL
-    (DuckDB raises on both), trunc()'s unit names are DuckDB's, and upper()/lower() of a character
+    is '', size(NULL) is -1, x % 0 is NULL, ceil / floor are a BIGINT, sqrt of a negative is NaN
+    and a logarithm of a number <= 0 is NULL (DuckDB raises on both), trunc()'s unit names are DuckDB's, and upper()/lower() of a character
     Spark cases otherwise (ß -> SS) raise: a named rule error, never a silently different count."""
     tree = tree.copy()
     for node in reversed(list(tree.walk(bfs=False))):  # children before parents: a rewrite copies fixed children
@@ -321,6 +323,11 @@ def _spark_answer(node: exp.Expression) -> exp.Expression:
                                     true=exp.Null()),
                              exp.If(this=exp.LTE(this=n.copy(), expression=exp.Literal.number(0)),
                                     true=exp.Literal.string(""))], default=node.copy())
+    if isinstance(node, exp.Mod):  # Spark: x % 0 is NULL for every type; DuckDB: NaN for a double
+        node.set("expression", exp.Nullif(this=node.expression.copy(), expression=exp.Literal.number(0)))
+        return node
+    if isinstance(node, (exp.Ceil, exp.Floor)) and not node.args.get("decimals"):
+        return _spark_ceil_floor(node)
     if isinstance(node, exp.ArraySize):
         return exp.Case(ifs=[exp.If(this=exp.Is(this=node.this.copy(), expression=exp.Null()),
                                     true=exp.Literal.number(-1))], default=node.copy())
@@ -347,6 +354,22 @@ def _spark_answer(node: exp.Expression) -> exp.Expression:
                                      "DuckDB); set the target's engine to spark")
         return exp.Case(ifs=[exp.If(this=special, true=exp.func("error", message))], default=node.copy())
     return node
+
+
+def _spark_ceil_floor(node: exp.Expression) -> exp.Expression:
+    """ceil / floor are a BIGINT on Spark (DuckDB: a DOUBLE for an integer or double, so the
+    arithmetic around them differs), NaN gives 0 and ±inf or a double beyond the range the
+    BIGINT limits (Scala's Double.toLong)."""
+    template = ("CASE WHEN __lh_x IS NULL THEN NULL WHEN ISNAN(CAST(__lh_x AS DOUBLE)) THEN 0 "
+                "WHEN CAST(__lh_x AS DOUBLE) >= 9223372036854775807 THEN CAST(9223372036854775807 AS BIGINT) "
+                "WHEN CAST(__lh_x AS DOUBLE) <= -9223372036854775808 THEN CAST(-9223372036854775808 AS BIGINT) "
+                f"ELSE CAST({'CEIL' if isinstance(node, exp.Ceil) else 'FLOOR'}(__lh_x) AS BIGINT) END")
+    x = node.this
+
+    def fill(n: exp.Expression) -> exp.Expression:
+        return exp.Paren(this=x.copy()) if isinstance(n, exp.Column) and n.name == "__lh_x" and not n.table else n
+
+    return sqlglot.parse_one(template, read="duckdb").transform(fill)
 
 
 def _whole_number(node: exp.Expression) -> int:
