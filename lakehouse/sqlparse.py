@@ -196,13 +196,44 @@ class DuckdbSqlError(ValueError):
     """Spark SQL that cannot run on DuckDB as written (the message says what and how to fix it)."""
 
 
+#: what a DuckDB SQL stage's author does instead of what does not carry over
+_STAGE_FALLBACK = "set sql_engine: spark"
+
+
 def to_duckdb(sql: str) -> str:
-    """`sql` (Spark SQL) in DuckDB's dialect; raises DuckdbSqlError for what does not carry over."""
+    """`sql` (Spark SQL) in DuckDB's dialect, answering as Spark would (the rewrites and refusals of
+    rule expressions, `expression_to_duckdb`); raises DuckdbSqlError for what does not carry over."""
     try:
         tree = sqlglot.parse_one(sql, read=DIALECT)
     except SqlglotError as exc:
         raise DuckdbSqlError(f"cannot parse the SQL: {str(exc).splitlines()[0]}") from exc
-    return _duckdb_text(tree)
+    _refuse_unknown_functions(tree, _STAGE_FALLBACK)
+    _refuse_unnamed_outputs(tree)
+    _refuse_divergent(tree, _STAGE_FALLBACK)
+    return _duckdb_text(tree, _STAGE_FALLBACK, functools.partial(_as_spark_answers, fallback=_STAGE_FALLBACK))
+
+
+def _refuse_unknown_functions(tree: exp.Expression, fallback: str) -> None:
+    unknown = sorted({f.name for f in tree.find_all(exp.Anonymous)})
+    if unknown:  # sqlglot passes unknown functions through by name: DuckDB may lack them or differ
+        raise DuckdbSqlError(
+            f"function(s) {', '.join(unknown)} have no known DuckDB equivalent (sqlglot does not translate "
+            f"them); rewrite with standard functions or {fallback}")
+
+
+def _refuse_unnamed_outputs(tree: exp.Expression) -> None:
+    """A result column that is an expression without an alias is named by each engine its own way
+    (`count(*)` is `count(1)` on Spark, `count_star()` on DuckDB), and a rewrite for Spark's answers
+    would rename it again: the stage's table would get other columns on DuckDB. Refused, naming it."""
+    select = tree
+    while isinstance(select, exp.SetOperation):  # a UNION's columns are named by its first SELECT
+        select = select.this
+    if not isinstance(select, exp.Select):
+        return
+    for column in select.expressions:
+        if not isinstance(column, (exp.Alias, exp.Column, exp.Star)):
+            raise DuckdbSqlError(f"result column {column.sql(dialect=DIALECT)!r} has no name: give it one "
+                                 f"(`... AS name`): Spark and DuckDB name such a column differently, or {_STAGE_FALLBACK}")
 
 
 #: functions that answer differently on every evaluation: Spark refuses them in a rule (its failing
@@ -221,8 +252,12 @@ def expression_to_duckdb(expression: str) -> str:
     if varying:
         raise DuckdbSqlError(f"{', '.join(varying)}() answer differently on every evaluation, so the failing rows "
                              "cannot be counted")
-    _refuse_divergent(tree)
-    return _duckdb_text(tree, "set the target's engine to spark", _as_spark_answers)
+    _refuse_divergent(tree, _RULE_FALLBACK)
+    return _duckdb_text(tree, _RULE_FALLBACK, functools.partial(_as_spark_answers, fallback=_RULE_FALLBACK))
+
+
+#: what a rule's author does instead of what does not carry over
+_RULE_FALLBACK = "set the target's engine to spark"
 
 
 #: casts whose answer Spark (ANSI off) and DuckDB give differently for some input type, which a rule
@@ -258,19 +293,19 @@ _DIVERGENT_FUNCTIONS = {exp.Sign: "sign()/signum() of NaN", exp.StrToUnix: "unix
 _TRUNC_UNITS = {"YYYY": "year", "YY": "year", "MM": "month", "MON": "month", "DD": "day"}
 
 
-def _refuse_divergent(tree: exp.Expression) -> None:
+def _refuse_divergent(tree: exp.Expression, fallback: str) -> None:
     """DuckdbSqlError for a construct whose DuckDB answer differs from Spark's for some value."""
     for cast in tree.find_all(exp.Cast):  # TryCast is a Cast
         kind = _DIVERGENT_CASTS.get(cast.to.this)
         if kind:
             raise DuckdbSqlError(f"CAST(... AS {cast.to.sql(dialect=DIALECT)}) answers differently on DuckDB for some "
-                                 f"values ({_CAST_WHY[kind]}); set the target's engine to spark")
+                                 f"values ({_CAST_WHY[kind]}); {fallback}")
     for node_type, what in _DIVERGENT_FUNCTIONS.items():
         if tree.find(node_type):
-            raise DuckdbSqlError(f"{what} answers differently on DuckDB; rewrite it or set the target's engine to spark")
+            raise DuckdbSqlError(f"{what} answers differently on DuckDB; rewrite it or {fallback}")
 
 
-def _as_spark_answers(tree: exp.Expression) -> exp.Expression:
+def _as_spark_answers(tree: exp.Expression, fallback: str) -> exp.Expression:
     """`tree` rewritten so DuckDB answers as Spark (ANSI off) does where sqlglot's translation does
     not: a failing cast is NULL (int(s), to_timestamp(s) are CASTs in sqlglot's tree), DuckDB's
     infinite dates and timestamps ('infinity' cast) are NULL, dayofweek is 1 (Sunday) to 7, substr's
@@ -280,7 +315,7 @@ def _as_spark_answers(tree: exp.Expression) -> exp.Expression:
     Spark cases otherwise (ß -> SS) raise: a named rule error, never a silently different count."""
     tree = tree.copy()
     for node in reversed(list(tree.walk(bfs=False))):  # children before parents: a rewrite copies fixed children
-        new = _spark_answer(node)
+        new = _spark_answer(node, fallback)
         if new is not node:
             if node is tree:
                 tree = new
@@ -300,7 +335,7 @@ _TIMES = (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP, exp.DataType.Type
           exp.DataType.Type.TIMESTAMPLTZ)
 
 
-def _spark_answer(node: exp.Expression) -> exp.Expression:
+def _spark_answer(node: exp.Expression, fallback: str) -> exp.Expression:
     if isinstance(node, exp.TsOrDsToDate) and not node.args.get("format"):
         node = exp.TryCast(this=node.this, to=exp.DataType.build("date"))
     if isinstance(node, exp.Cast):  # TryCast too
@@ -351,7 +386,7 @@ def _spark_answer(node: exp.Expression) -> exp.Expression:
         special = exp.RegexpLike(this=node.this.copy(), expression=exp.Literal.string(f"[{chars}]"))
         message = exp.Literal.string(f"{name}() of a character Spark maps by Unicode's special casing (upper('ß') "
                                      "is 'SS', lower('Σ') at a word's end is 'ς' on Spark, one character on "
-                                     "DuckDB); set the target's engine to spark")
+                                     f"DuckDB); {fallback}")
         return exp.Case(ifs=[exp.If(this=special, true=exp.func("error", message))], default=node.copy())
     return node
 
@@ -418,11 +453,7 @@ def _duckdb_text(tree: exp.Expression, fallback: str = "set sql_engine: spark",
                  rewrite: Callable[[exp.Expression], exp.Expression] | None = None) -> str:
     """DuckDB's text of `tree`; `rewrite` (after the check for unknown functions: its own may call
     DuckDB functions sqlglot does not know) makes DuckDB answer as Spark."""
-    unknown = sorted({f.name for f in tree.find_all(exp.Anonymous)})
-    if unknown:  # sqlglot passes unknown functions through by name: DuckDB may lack them or differ
-        raise DuckdbSqlError(
-            f"function(s) {', '.join(unknown)} have no known DuckDB equivalent (sqlglot does not translate "
-            f"them); rewrite with standard functions or {fallback}")
+    _refuse_unknown_functions(tree, fallback)
     if rewrite is not None:
         tree = rewrite(tree)
     try:

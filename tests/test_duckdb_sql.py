@@ -137,3 +137,55 @@ def test_demo_silver_and_gold_on_duckdb_write_the_tables_spark_writes(platform, 
     gold = {str(r["event_date"]): (r["total_events"], r["unique_users"])
             for r in cat.load_table("gold.daily_user_events_duck").scan().to_arrow().to_pylist()}
     assert gold == expected_daily(platform.settings.landing_dir / "user_events")
+
+
+def test_a_result_column_without_a_name_is_refused_with_the_fix():
+    """Spark names `count(*)` count(1), DuckDB count_star(): the stage's table would differ."""
+    problem = duckdb_problem("SELECT country, count(*) FROM t GROUP BY country")
+    assert problem.startswith("result column 'COUNT(*)' has no name: give it one (`... AS name`)"), problem
+    assert duckdb_problem("SELECT country, count(*) AS n FROM t GROUP BY country") is None
+    assert duckdb_problem("SELECT * FROM t UNION ALL SELECT * FROM u") is None
+    assert "has no name" in duckdb_problem("SELECT a + 1 FROM t UNION ALL SELECT b AS c FROM u")
+
+
+STAGE_PARITY_SQL = """
+SELECT id,
+       dayofweek(d) AS dow, substr(s, -2) AS tail, substr(s, 0, 2) AS head, left(s, -1) AS none,
+       CAST(ts_text AS DATE) AS day, CAST(ts_text AS TIMESTAMP) AS ts, size(arr) AS n, amount % 0 AS m,
+       ceil(amount) AS c, lower(s) AS low, coalesce(s, 'none') AS filled
+FROM t
+"""
+
+
+@pytest.mark.slow
+def test_a_duckdb_stages_sql_answers_as_spark_sql_does(spark):
+    """The same stage SQL over the same rows, on Spark SQL and on DuckDB (the rewrites of
+    `expression_to_duckdb` apply to a stage's SQL too): the same rows, the same column names.
+    Before them DuckDB counted dayofweek from 0, read substr's negative and zero positions its own
+    way, failed a cast instead of giving NULL and gave NaN for x % 0."""
+    import datetime as dt
+
+    rows = [{"id": 1, "d": dt.date(2026, 1, 4), "s": "abcdef", "ts_text": "2026-01-04 23:30:00", "arr": [1, 2],
+             "amount": 2.5},
+            {"id": 2, "d": dt.date(2026, 1, 10), "s": "x", "ts_text": "not a time", "arr": None, "amount": -1.5},
+            {"id": 3, "d": None, "s": None, "ts_text": None, "arr": [], "amount": None}]
+    table = pa.Table.from_pylist(rows, schema=pa.schema([
+        ("id", pa.int64()), ("d", pa.date32()), ("s", pa.string()), ("ts_text", pa.string()),
+        ("arr", pa.list_(pa.int64())), ("amount", pa.float64())]))
+    spark.createDataFrame(rows, schema="id bigint, d date, s string, ts_text string, arr array<bigint>, amount double"
+                          ).createOrReplaceTempView("t")
+    on_spark = [r.asDict() for r in spark.sql(STAGE_PARITY_SQL).orderBy("id").collect()]
+    on_duckdb = query_arrow(STAGE_PARITY_SQL, {"t": table}, spark.conf.get("spark.sql.session.timeZone"))
+    on_duckdb = sorted(on_duckdb.to_pylist(), key=lambda r: r["id"])
+
+    def same(a, b):
+        if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+            return True  # NaN
+        if isinstance(a, dt.datetime) and isinstance(b, dt.datetime):  # Spark: local naive, DuckDB: aware UTC
+            return a.replace(tzinfo=None) == b.astimezone(dt.UTC).replace(tzinfo=None) if b.tzinfo else a == b
+        return a == b
+
+    assert [list(r) for r in on_duckdb] == [list(r) for r in on_spark]  # the same column names, in order
+    for got, want in zip(on_duckdb, on_spark, strict=True):
+        diff = {k: (got[k], want[k]) for k in want if not same(want[k], got[k])}
+        assert not diff, (got["id"], diff)

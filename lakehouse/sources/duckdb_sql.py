@@ -10,7 +10,8 @@ Two halves behind small functions, so the write side can change without touching
   way the same write-audit-publish service takes it (audit branch, rules, quarantine, kill-switch
   re-check, publish, checkpoints).
 
-The same SQL must give the same rows on both engines: sqlglot transpiles Spark's dialect to DuckDB's,
+The same SQL must give the same rows on both engines: sqlglot transpiles Spark's dialect to DuckDB's
+(with the rewrites that make DuckDB answer as Spark, and the refusals, of lakehouse.sqlparse.to_duckdb),
 and SQL it cannot carry over (an unsupported construct, a function it does not know for DuckDB) is
 refused when the metadata is validated (lakehouse.sqlparse.duckdb_problem, from
 lakehouse.metadata.checks), not mid-run. The upstream snapshots are read into memory: the engine
