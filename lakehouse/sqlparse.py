@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
 
 import sqlglot
 from sqlglot import exp
@@ -196,8 +195,9 @@ class DuckdbSqlError(ValueError):
     """Spark SQL that cannot run on DuckDB as written (the message says what and how to fix it)."""
 
 
-#: what a DuckDB SQL stage's author does instead of what does not carry over
+#: what a DuckDB SQL stage's author, and a rule's, does instead of what does not carry over
 _STAGE_FALLBACK = "set sql_engine: spark"
+_RULE_FALLBACK = "set the target's engine to spark"
 
 
 def to_duckdb(sql: str) -> str:
@@ -210,7 +210,7 @@ def to_duckdb(sql: str) -> str:
     _refuse_unknown_functions(tree, _STAGE_FALLBACK)
     _refuse_unnamed_outputs(tree)
     _refuse_divergent(tree, _STAGE_FALLBACK)
-    return _duckdb_text(tree, _STAGE_FALLBACK, functools.partial(_as_spark_answers, fallback=_STAGE_FALLBACK))
+    return _duckdb_text(tree, _STAGE_FALLBACK)
 
 
 def _refuse_unknown_functions(tree: exp.Expression, fallback: str) -> None:
@@ -253,11 +253,8 @@ def expression_to_duckdb(expression: str) -> str:
         raise DuckdbSqlError(f"{', '.join(varying)}() answer differently on every evaluation, so the failing rows "
                              "cannot be counted")
     _refuse_divergent(tree, _RULE_FALLBACK)
-    return _duckdb_text(tree, _RULE_FALLBACK, functools.partial(_as_spark_answers, fallback=_RULE_FALLBACK))
-
-
-#: what a rule's author does instead of what does not carry over
-_RULE_FALLBACK = "set the target's engine to spark"
+    _refuse_unknown_functions(tree, _RULE_FALLBACK)
+    return _duckdb_text(tree, _RULE_FALLBACK)
 
 
 #: casts whose answer Spark (ANSI off) and DuckDB give differently for some input type, which a rule
@@ -449,13 +446,10 @@ def expression_problem(expression: str) -> str | None:
     return None
 
 
-def _duckdb_text(tree: exp.Expression, fallback: str = "set sql_engine: spark",
-                 rewrite: Callable[[exp.Expression], exp.Expression] | None = None) -> str:
-    """DuckDB's text of `tree`; `rewrite` (after the check for unknown functions: its own may call
-    DuckDB functions sqlglot does not know) makes DuckDB answer as Spark."""
-    _refuse_unknown_functions(tree, fallback)
-    if rewrite is not None:
-        tree = rewrite(tree)
+def _duckdb_text(tree: exp.Expression, fallback: str) -> str:
+    """DuckDB's text of `tree` (checked for unknown functions by the caller: the rewrite for Spark's
+    answers calls DuckDB functions sqlglot does not know), rewritten to answer as Spark."""
+    tree = _as_spark_answers(tree, fallback)
     try:
         return tree.sql(dialect="duckdb", unsupported_level=ErrorLevel.RAISE)
     except SqlglotError as exc:
