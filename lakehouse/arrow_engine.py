@@ -18,14 +18,6 @@ The same contract as the Spark engine, behind the same service (lakehouse.wap_se
 Types travel as Spark's `pyspark.sql.types` (plain Python, no JVM), because the shared probe and
 reconciliation speak them; converters here map them to Arrow and Iceberg types the way Spark's
 Iceberg integration does, so a table either engine creates is the same table.
-
-PyIceberg's `Transaction.table_metadata` re-applies the staged updates to the table's metadata and
-deep-copies the result (pydantic `model_copy(deep=True)`) on every read, and one append reads it
-~15 times (snapshot id, branch head, summary, commit): ~8 ms each on a small table, growing with
-its snapshots. The engine's appends and branch creations use `_Transaction`, which keeps the
-result while neither the table's metadata nor the staged updates change (private-API override,
-pyiceberg 0.12; `tests/test_arrow_engine.py`). What is committed is unchanged: the catalog
-recomputes the new metadata from the same updates and requirements.
 """
 
 from __future__ import annotations
@@ -40,9 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.table import Transaction
-from pyiceberg.table.update import update_table_metadata
-from pyiceberg.table.update.snapshot import ManageSnapshots
 
 from lakehouse.core import SQL
 from lakehouse.iceberg import MAIN, IcebergTables, WriteResult, retry_metadata_commit
@@ -425,26 +414,6 @@ def read_prepared(prepared: PreparedFiles, files: list[FileRef], object_uri: Cal
 # --------------------------------------------------------------------------- PyIceberg tables
 
 
-class _Transaction(Transaction):
-    """A PyIceberg `Transaction` whose `table_metadata` is computed once per state (module
-    docstring). The state is the table's metadata object and the staged-updates tuple: PyIceberg
-    replaces both (never mutates them) on every stage, commit and refresh, and its metadata models
-    are frozen, so a kept result is what a fresh computation would return (bar `last-updated-ms`,
-    which the catalog sets again on commit)."""
-
-    _memo: tuple[Any, tuple, Any] | None = None
-
-    @property
-    def table_metadata(self):
-        base, updates = self._table.metadata, self._updates
-        memo = self._memo
-        if memo is not None and memo[0] is base and memo[1] is updates:
-            return memo[2]
-        result = update_table_metadata(base, updates)  # what Transaction.table_metadata returns
-        self._memo = (base, updates, result)  # holds base and updates: their ids stay theirs
-        return result
-
-
 class ArrowTables(IcebergTables):
     """The platform's tables with writes and branch operations through PyIceberg: nothing here
     starts a JVM (metadata reads were PyIceberg's already). Spark stays reachable, lazily, for the
@@ -496,10 +465,8 @@ class ArrowTables(IcebergTables):
         if branch in table.metadata.refs:
             return
         if table.metadata.current_snapshot_id is None:
-            with _Transaction(table) as tx:  # an empty snapshot to branch from
-                tx.append(table.schema().as_arrow().empty_table())
-        ManageSnapshots(transaction=_Transaction(table, autocommit=True)).create_branch(
-            table.metadata.current_snapshot_id, branch).commit()
+            table.append(table.schema().as_arrow().empty_table())  # an empty snapshot to branch from
+        table.manage_snapshots().create_branch(table.metadata.current_snapshot_id, branch).commit()
 
     def drop_branch(self, identifier: str, branch: str) -> None:
         if branch == MAIN:
@@ -527,7 +494,7 @@ class ArrowTables(IcebergTables):
         table = self.meta.load_table(ident)
         before = table.metadata.refs[branch].snapshot_id if branch in table.metadata.refs else None
         rows, props = _to_table(df, table.schema()), dict(snapshot_properties or {})
-        with _Transaction(table) as tx:  # Table.append's transaction, its metadata computed once per state
+        with table.transaction() as tx:
             if mode == "append":
                 tx.append(rows, snapshot_properties=props, branch=branch)
             else:

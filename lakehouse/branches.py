@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from lakehouse import coordination
+from lakehouse.compat import pyspark as pyspark_compat
 from lakehouse.iceberg import MAIN
 from lakehouse.metadata.schema import kept_branches, orphan_sweeps
 
@@ -257,9 +258,9 @@ def remove_orphan_files(platform: Platform, tables: IcebergTables, ident: str, *
     if not tables.exists(ident):
         return []
     spark = tables.spark
-    jvm = spark.sparkContext._jvm
     older_than = int((time.time() - min_age_s) * 1000)
-    result = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession) \
+    result = pyspark_compat.jvm(spark).org.apache.iceberg.spark.actions.SparkActions.get(
+        pyspark_compat.java_session(spark)) \
         .deleteOrphanFiles(tables.java_table(ident)).olderThan(older_than).execute()
     removed = [str(p) for p in result.orphanFileLocations()]
     if removed:

@@ -40,14 +40,17 @@ def _sql_catalog_class() -> type:
     commit writes a new file and moves the pointer, so a location names one content for good. A run
     loads the same few tables dozens of times between its own commits (refs before and after each
     write, existence checks, snapshot summaries). One entry per table (its latest location), so
-    a long-lived process holds no history of metadata versions."""
+    a long-lived process holds no history of metadata versions. Public API only: `load_table` asks
+    for the location itself (one query of `iceberg_tables`, the row PyIceberg's own load reads) and
+    leaves a location it does not hold to PyIceberg's `load_table` (then two queries)."""
     global _CATALOG_CLASS
     if _CATALOG_CLASS is not None:
         return _CATALOG_CLASS
     from collections import OrderedDict
 
     from pyiceberg.catalog import Catalog
-    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
+    from pyiceberg.io import load_file_io
     from pyiceberg.table import Table
 
     class MetadataCachingSqlCatalog(SqlCatalog):
@@ -83,23 +86,28 @@ def _sql_catalog_class() -> type:
             """(namespace, table) as the catalog database's row names them, the cache's key."""
             return Catalog.namespace_to_string(ident[:-1]), ident[-1]
 
-        def _convert_orm_to_iceberg(self, orm_table) -> Table:
-            location = orm_table.metadata_location
-            key = (orm_table.table_namespace, orm_table.table_name)
+        def _metadata_location(self, key: tuple[str, str]) -> str | None:
+            """The table's current metadata location, as the catalog database's row has it."""
+            from sqlalchemy import select
+            from sqlalchemy.orm import Session
+
+            with Session(self.engine) as session:
+                return session.scalar(select(IcebergTables.metadata_location).where(
+                    IcebergTables.catalog_name == self.name, IcebergTables.table_namespace == key[0],
+                    IcebergTables.table_name == key[1]))
+
+        def load_table(self, identifier) -> Table:
+            ident = Catalog.identifier_to_tuple(identifier)
+            key = self._key(ident)
             with self._current_lock:
                 held = self._current.get(key)
-            if held is None or not location or held[0] != location:
-                table = super()._convert_orm_to_iceberg(orm_table)  # reads the file; raises as PyIceberg does
-                self._remember(key, location, table.metadata)
-                return table
-            metadata = held[1]
-            return Table(
-                identifier=Catalog.identifier_to_tuple(orm_table.table_namespace) + (orm_table.table_name,),
-                metadata=metadata,
-                metadata_location=location,
-                io=self._load_file_io(metadata.properties, location),
-                catalog=self,
-            )
+            if held is not None and (location := self._metadata_location(key)) == held[0]:
+                metadata = held[1]
+                return Table(identifier=ident, metadata=metadata, metadata_location=location,
+                             io=load_file_io({**self.properties, **metadata.properties}, location), catalog=self)
+            table = super().load_table(identifier)  # reads the file; raises as PyIceberg does
+            self._remember(key, table.metadata_location, table.metadata)
+            return table
 
     _CATALOG_CLASS = MetadataCachingSqlCatalog
     return _CATALOG_CLASS

@@ -346,23 +346,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def exit_without_teardown(code: int) -> None:
-    """End the process as a normal exit does, minus the interpreter's module teardown: threads are
-    waited for and every exit handler runs (logging, Dagster, SQLAlchemy, temporary files), the
-    streams are flushed, then os._exit. With Dagster, PyIceberg, boto3 and PySpark loaded, the
-    teardown alone costs ~1 s of CPU and 2-3 s of wall time per command (bench/bench_demo.py),
-    and everything it would do is gone with the process anyway (committed work is durable)."""
-    import atexit
-    import os
-    import threading
+    """End the process with `code`: threads waited for, every exit handler run, streams flushed,
+    no module teardown (lakehouse.startup.end_after_exit_handlers)."""
+    from lakehouse.startup import end_after_exit_handlers
 
-    threading._shutdown()  # what interpreter shutdown runs first: joins the non-daemon threads
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more can be said
-            pass
-    os._exit(code)
+    end_after_exit_handlers(code)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from lakehouse.compat import pyspark as pyspark_compat
 from lakehouse.metadata.model import PartitionField, SortField, Target
 from lakehouse.sql_text import quote, sql_string
 
@@ -327,9 +328,8 @@ class IcebergTables:
     def java_table(self, identifier: str):
         """The org.apache.iceberg.Table Spark's catalog loads for `identifier` (metadata operations
         Spark SQL has no statement for)."""
-        jvm = self.spark.sparkContext._jvm
-        return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(self.spark._jsparkSession,
-                                                                         self.qualified(identifier))
+        return pyspark_compat.jvm(self.spark).org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+            pyspark_compat.java_session(self.spark), self.qualified(identifier))
 
     def refresh_table(self, identifier: str) -> None:
         """Forget Spark's cached metadata of the table (before retrying a commit that conflicted)."""
@@ -338,8 +338,8 @@ class IcebergTables:
     def expire_snapshots(self, identifier: str, snapshot_ids: list[int]) -> None:
         """Expire these snapshots; Iceberg deletes the files only they referenced."""
         spark = self.spark
-        jvm = spark.sparkContext._jvm
-        action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession) \
+        action = pyspark_compat.jvm(spark).org.apache.iceberg.spark.actions.SparkActions.get(
+            pyspark_compat.java_session(spark)) \
             .expireSnapshots(self.java_table(identifier)).expireOlderThan(1)  # keep everything else
         for sid in snapshot_ids:
             action = action.expireSnapshotId(int(sid))
@@ -435,7 +435,7 @@ class IcebergTables:
         """Run `action` with Iceberg CommitMetadata properties set (used for SQL writes like MERGE)."""
         if not props:
             return action()
-        jvm = self.spark.sparkContext._jvm
+        jvm = pyspark_compat.jvm(self.spark)
         jmap = jvm.java.util.HashMap()
         for k, v in props.items():
             jmap.put(k, v)

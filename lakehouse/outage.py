@@ -23,6 +23,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -157,12 +158,16 @@ def ride_out(work: Callable[[], T], *, database: str, what: str, role: str = "da
     return result
 
 
+#: the engines given the hook (a set here, not a marker attribute on SQLAlchemy's object)
+_HOOKED: weakref.WeakSet = weakref.WeakSet()
+
+
 def install_connect_hook(engine, *, role: str) -> None:
     """Make every new DBAPI connection of a SQLAlchemy engine ride out an outage (the pool's
     pre-ping turns a connection the server dropped into a reconnect, which lands here)."""
     from sqlalchemy import event
 
-    if engine.dialect.name == "sqlite" or getattr(engine, "_lakehouse_outage_hook", False):
+    if engine.dialect.name == "sqlite" or engine in _HOOKED:
         return
     database = describe_url(engine.url.render_as_string(hide_password=True))
 
@@ -171,4 +176,4 @@ def install_connect_hook(engine, *, role: str) -> None:
         return ride_out(lambda: dialect.loaded_dbapi.connect(*cargs, **cparams), database=database,
                         what="connecting", role=role)
 
-    engine._lakehouse_outage_hook = True
+    _HOOKED.add(engine)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from lakehouse.compat import pyspark as pyspark_compat
 from lakehouse.sql_text import quote
 
 if TYPE_CHECKING:
@@ -142,7 +143,7 @@ class KeyScope:
     def sql(self, qualifier: str) -> str:
         """The predicate as Spark SQL text (a MERGE's ON condition): Spark renders it, every value as
         a typed, escaped literal."""
-        return self.column(qualifier)._jc.expr().sql()
+        return pyspark_compat.column_sql(self.column(qualifier))
 
 
 def bloom_filter_properties(keys: list[str] | tuple[str, ...]) -> dict[str, str]:

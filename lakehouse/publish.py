@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from lakehouse.compat import pyiceberg as pyiceberg_compat
 from lakehouse.iceberg import MAIN, _publish_lock, _walk_parents
 
 if TYPE_CHECKING:
@@ -184,41 +185,27 @@ def _appends_only(snaps: Iterable) -> bool:
     return all(s.summary is not None and s.summary.operation.value == "append" for s in snaps)
 
 
-def _commit(table, updates: tuple, requirements: tuple) -> None:
-    """One compare-and-swap commit: requirements checked against the metadata the catalog holds
-    at UPDATE time, no retry (pyiceberg retries only registered snapshot producers)."""
-    txn = table.transaction()
-    txn._apply(updates, requirements)
-    txn.commit_transaction()
-
-
 def _fast_forward(table, branch: str, main: int | None, head: int) -> None:
-    from pyiceberg.table.refs import SnapshotRefType
-    from pyiceberg.table.update import AssertRefSnapshotId, RemoveSnapshotRefUpdate, SetSnapshotRefUpdate
-
-    _commit(table,
-            (SetSnapshotRefUpdate(ref_name=MAIN, type=SnapshotRefType.BRANCH, snapshot_id=head),
-             RemoveSnapshotRefUpdate(ref_name=branch)),
-            (AssertRefSnapshotId(ref=MAIN, snapshot_id=main), AssertRefSnapshotId(ref=branch, snapshot_id=head)))
+    """main := head and drop the branch, requiring main = `main` and branch = `head`: one commit
+    (snapshot-ref changes only: PyIceberg never retries those)."""
+    ms = table.manage_snapshots()
+    ms = ms.create_branch(head, MAIN) if main is None else pyiceberg_compat.hold_ref(ms, table.metadata, MAIN, head)
+    ms.remove_branch(branch).commit()
 
 
 def _rebase(table, branch: str, main: int, head: int, ours: list, data_files: list, token: str) -> None:
-    """Append the branch's data files to `main` as one new snapshot (metadata only)."""
-    from pyiceberg.table.update import AssertRefSnapshotId, RemoveSnapshotRefUpdate, RemoveSnapshotsUpdate
+    """Append the branch's data files to `main` as one new snapshot (metadata only), drop the branch
+    and its own snapshots; requiring main = `main` and branch = `head`: one commit."""
+    from pyiceberg.table.update.snapshot import ExpireSnapshots, ManageSnapshots
 
-    txn = table.transaction()
-    producer = txn.update_snapshot(snapshot_properties=_props_of(ours, token)).fast_append()
-    for f in data_files:
-        producer.append_data_file(f)
-    try:
-        updates, requirements = producer._commit()  # writes the manifest and manifest list
-        txn._apply(updates + (RemoveSnapshotRefUpdate(ref_name=branch),
-                              RemoveSnapshotsUpdate(snapshot_ids=[s.snapshot_id for s in ours])),
-                   requirements + (AssertRefSnapshotId(ref=branch, snapshot_id=head),))
-        txn.commit_transaction()
-    except Exception:
-        producer._clean_all_uncommitted()  # the CAS failed: the new manifests are garbage
-        raise
+    txn = pyiceberg_compat.no_retry(table).transaction()
+    pyiceberg_compat.hold_ref(ManageSnapshots(txn), table.metadata, MAIN).remove_branch(branch).commit()
+    with txn.update_snapshot(snapshot_properties=_props_of(ours, token)).fast_append() as append:
+        for f in data_files:
+            append.append_data_file(f)
+    held = {r.snapshot_id for r in txn.table_metadata.refs.values()}  # a tag on one of them keeps it
+    ExpireSnapshots(txn).by_ids([s.snapshot_id for s in ours if s.snapshot_id not in held]).commit()
+    txn.commit_transaction()
 
 
 def publish_branch(tables: IcebergTables, identifier: str, branch: str, *, since: int | None = None,

@@ -2,7 +2,7 @@
 
 pyarrow imports pandas on its first conversion of a Python object (`pa.array([...])`,
 `pa.scalar(v)`, even `pa.array(np.arange(3))` or `pc.equal`) only to ask whether the object is a
-pandas one: its Cython shim (`pyarrow.lib._pandas_api`, pandas-shim.pxi) tries `import pandas`
+pandas one: its Cython shim (pandas-shim.pxi) tries `import pandas`
 once, and the C++ side's `InitPandasStaticData` imports it once too (apache/arrow#34994). In a
 1k-row Arrow `lakehouse run` that is 302 modules and ~0.15-0.18 s of the process's ~2.3 s of CPU
 (issue 21), for a process that never hands pandas objects to pyarrow.
@@ -61,8 +61,9 @@ def answer_pandas_probes() -> bool:
     finder = _RefusePandas()
     sys.meta_path.insert(0, finder)
     try:
-        pa.lib._pandas_api.have_pandas  # noqa: B018 - the Cython shim's probe: False, kept
-        pa.array([0])  # the first Python-object conversion runs the C++ side's probe (InitPandasStaticData)
+        # the first Python-object conversion runs both probes: the Cython shim's (is it a Series?)
+        # and the C++ side's (InitPandasStaticData); public API only (tests/test_pyarrow_probes.py)
+        pa.array([0])
     finally:
         sys.meta_path.remove(finder)
     _state["applied"] = True

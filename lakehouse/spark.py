@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from lakehouse.compat import pyspark as pyspark_compat
 from lakehouse.fileperms import apply_umask, hadoop_umask
 from lakehouse.settings import Settings
 from lakehouse.sql_text import quote
@@ -112,7 +113,7 @@ def get_spark(settings: Settings, app_name: str = "lakehouse"):
         _work_while_starting()  # another thread is starting the session: this one would only wait
     with _LOCK:
         spark = _SESSION
-        if spark is not None and spark.sparkContext._jsc is not None:
+        if not pyspark_compat.is_stopped(spark):
             _ensure_catalog(spark, settings)
         else:
             builder = SparkSession.builder
@@ -167,7 +168,7 @@ def active_session():
     """The process's SparkSession if it is up, else None: never starts one, never waits for one
     being started (`lakehouse run` warms one up on another thread)."""
     spark = _SESSION
-    return spark if spark is not None and spark.sparkContext._jsc is not None else None
+    return None if pyspark_compat.is_stopped(spark) else spark
 
 
 @contextmanager
@@ -211,15 +212,15 @@ def _renew_sqlite_catalog_pool(spark, settings: Settings) -> None:
         return
     spark.sql(f"SHOW NAMESPACES IN {quote(settings.catalog_name)}").collect()  # initializes the catalog
     try:
-        jcat = spark._jsparkSession.sessionState().catalogManager().catalog(settings.catalog_name).icebergCatalog()
+        jcat = pyspark_compat.java_session(spark).sessionState().catalogManager().catalog(settings.catalog_name).icebergCatalog()
         cls = jcat.getClass()
         pool_field = cls.getDeclaredField("connections")
         props_field = cls.getDeclaredField("catalogProperties")
         pool_field.setAccessible(True)
         props_field.setAccessible(True)
         old = pool_field.get(jcat)
-        fresh = spark.sparkContext._jvm.org.apache.iceberg.jdbc.JdbcClientPool(settings.catalog_jdbc_url,
-                                                                              props_field.get(jcat))
+        fresh = pyspark_compat.jvm(spark).org.apache.iceberg.jdbc.JdbcClientPool(settings.catalog_jdbc_url,
+                                                                            props_field.get(jcat))
         pool_field.set(jcat, fresh)
         old.close()
     except Exception:  # noqa: BLE001 - another Iceberg version: writes then retry on busy errors instead

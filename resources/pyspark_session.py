@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from dagster_pyspark import LazyPySparkResource
+from pydantic import PrivateAttr
 
+from lakehouse.compat import pyspark as pyspark_compat
 from lakehouse.settings import Settings, load_settings
 from lakehouse.spark import get_spark
 from resources.lakehouse import LakehouseResource
@@ -29,11 +31,16 @@ class PlatformPySparkResource(LazyPySparkResource):
     def _settings(self) -> Settings:
         return self.lakehouse.settings() if self.lakehouse is not None else load_settings()
 
-    def _init_session(self) -> None:
-        if self._spark_session is None or self._spark_session.sparkContext._jsc is None:
-            self._spark_session = get_spark(self._settings())
+    # the session this resource handed out (the parent's own cache and its `_init_session` are
+    # dagster-pyspark's internals: this subclass overrides only the public properties)
+    _session: Any = PrivateAttr(default=None)
 
     @property
     def spark_session(self) -> Any:
-        self._init_session()
-        return self._spark_session
+        if pyspark_compat.is_stopped(self._session):
+            self._session = get_spark(self._settings())
+        return self._session
+
+    @property
+    def spark_context(self) -> Any:
+        return self.spark_session.sparkContext

@@ -227,42 +227,6 @@ def test_csv_timestamps_in_spark_spellings_load(lake, tmp_path):
         1: "2024-01-01T10:00:00+00:00", 2: "2024-01-01T10:00:00+00:00", 3: "2024-01-01T10:00:00+00:00", 4: None}
 
 
-def test_arrow_transactions_compute_the_table_metadata_once_per_state(lake, tmp_path, monkeypatch):
-    """PyIceberg's Transaction.table_metadata re-applies and deep-copies on every read (~15 per
-    append); the engine's `_Transaction` keeps it while the table's metadata and the staged updates
-    are the same objects, and returns what PyIceberg's own computation returns."""
-    from pyiceberg.table import Transaction
-
-    from lakehouse import arrow_engine
-
-    apply(lake, tmp_path)
-    land(lake, "a", [event(1), event(2)])
-    assert load(lake, "r1").published
-    calls: list[int] = []
-    real = arrow_engine.update_table_metadata
-    monkeypatch.setattr(arrow_engine, "update_table_metadata", lambda base, ups: calls.append(len(ups)) or real(base, ups))
-
-    table = pyiceberg(lake).load_table("bronze.events")
-    tx = arrow_engine._Transaction(table)
-    first = tx.table_metadata
-    assert tx.table_metadata is first and calls == [0]
-    tx.set_properties(owner="h27a")  # a staged update is a new state: computed again, with it
-    staged = tx.table_metadata
-    assert staged is not first and staged.properties["owner"] == "h27a" and calls == [0, 1]
-    theirs = Transaction.table_metadata.fget(tx)  # PyIceberg's own, uncached
-    assert staged.model_dump(exclude={"last_updated_ms"}) == theirs.model_dump(exclude={"last_updated_ms"})
-    tx.commit_transaction()
-    assert pyiceberg(lake).load_table("bronze.events").properties["owner"] == "h27a"
-
-    # a whole load: its appends and branch go through _Transaction, far fewer computations than reads
-    calls.clear()
-    land(lake, "b", [event(4), {**event(5), "id": None}])
-    out = load(lake, "r2")
-    assert out.published and sorted(r["id"] for r in rows_of(lake, "bronze.events")) == [1, 2, 4]
-    assert [r["_run_id"] for r in rows_of(lake, "bronze.events__quarantine")] == ["r2"]
-    assert 0 < len(calls) <= 12, calls
-
-
 def test_a_large_jsonl_file_is_read_in_parallel_blocks_and_a_line_longer_than_a_block_still_reads(lake, tmp_path):
     """Files from 2 MB up are parsed in blocks (both cores; half the time at 15 MB): the table is
     the one a single block gives. A block holds at least two of the file's longest line, as the

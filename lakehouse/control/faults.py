@@ -44,6 +44,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from lakehouse.compat import pyspark as pyspark_compat
 from lakehouse.errors import ICEBERG_COMMIT_CONFLICT, OUT_OF_MEMORY, InjectedFault, SourceUnavailable, TransientIO
 
 ENV = "LAKEHOUSE_FAULTS"
@@ -187,7 +188,7 @@ def _stale_commit(runner: Any) -> None:
     ops = tables.java_table(ident).operations()
     stale = ops.current()
     tables.spark.table(tables.qualified(ident)).limit(0).writeTo(tables.qualified(ident)).append()
-    props = tables.spark.sparkContext._jvm.java.util.HashMap()
+    props = pyspark_compat.jvm(tables.spark).java.util.HashMap()
     props.put("lakehouse.injected_fault", "commit_conflict")
     ops.commit(stale, stale.replaceProperties(props))
     raise InjectedFault(f"the stale commit on {ident} was not refused (injected by {ENV})", ICEBERG_COMMIT_CONFLICT)

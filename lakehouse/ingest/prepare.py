@@ -166,14 +166,14 @@ def _parse_type(text: str) -> DataType:
     try:
         return _parse_ddl_type(text)
     except ValueError:
-        from pyspark import SparkContext
+        from lakehouse.compat import pyspark as pyspark_compat
 
-        if SparkContext._active_spark_context is None:
+        if not pyspark_compat.context_active():
             raise
-        from pyspark.sql.types import StructType, _parse_datatype_string
+        from pyspark.sql.types import StructType
 
         try:
-            parsed = _parse_datatype_string(text)
+            parsed = pyspark_compat.parse_type(text)
         except Exception as exc:  # Spark's ParseException: the same error as without a session
             detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ValueError(f"cannot parse type {text!r}: {detail}") from exc

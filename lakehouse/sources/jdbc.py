@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
+from lakehouse.compat import pyspark as pyspark_compat
 from lakehouse.core import Batch, ExtractPlan, StageContext, StageOutcome
 from lakehouse.errors import SourceUnavailable
 from lakehouse.ingest import jdbc as jdbc_ingest
@@ -46,7 +47,7 @@ def probe_jdbc(platform: Platform, src: Any) -> tuple[bool, str]:
                                 connect_timeout=PROBE_TIMEOUT_S)
         conn.close()
         return True, f"connected to {parts.hostname}:{parts.port or 5432}"
-    jvm = platform.spark()._jvm  # any other driver: a real JDBC connection through the JVM
+    jvm = pyspark_compat.jvm(platform.spark())  # any other driver: a real JDBC connection through the JVM
     props = jvm.java.util.Properties()
     if user:
         props.setProperty("user", user)

@@ -18,6 +18,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from lakehouse.compat import pyspark as pyspark_compat
 from lakehouse.iceberg import quote, sql_string
 from lakehouse.metadata.model import Rule
 
@@ -138,7 +139,7 @@ def _deterministic(frame: DataFrame) -> bool:
     """Whether the frame's one analysed expression is deterministic (Spark refuses to observe or
     re-plan a non-deterministic one); True when the plan cannot be inspected."""
     try:
-        return bool(frame._jdf.queryExecution().analyzed().expressions().head().deterministic())
+        return pyspark_compat.analyzed_deterministic(frame)
     except Exception:  # noqa: BLE001 - not a JVM-backed frame: nothing to inspect
         return True
 
@@ -314,12 +315,11 @@ def schema_drift(df: DataFrame, rule: Rule) -> SchemaDrift:
     """Compare the input's schema with the contract using pandera (schema-only: no Spark job)."""
     import pandera.pyspark as pa
     from pandera.config import ValidationDepth, config_context
-    from pyspark.sql.types import _parse_datatype_string
 
     cols = {}
     for c in rule.expected_columns:
         try:
-            dtype = _parse_datatype_string(c.type)
+            dtype = pyspark_compat.parse_type(c.type)
         except Exception as exc:  # noqa: BLE001
             raise RuleError(f"rule {rule.name!r}: column {c.name!r} has an unknown Spark type {c.type!r}") from exc
         # nullable is counted in the data pass, not by pandera (its null check is one Spark job per column)
