@@ -1,4 +1,4 @@
-"""The Arrow engine (lakehouse.arrow_engine): write-audit-publish of small file loads with PyIceberg
+"""The Arrow engine (lakehouse.engines.arrow): write-audit-publish of small file loads with PyIceberg
 and pyarrow, without a JVM. These tests are the fast lane's: the autouse guard in conftest fails
 any of them that starts one, so "no JVM" is checked, not hoped for."""
 
@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from lakehouse import engine as engines
 from lakehouse.core import AuditFailed, ExtractPlan, FileRef
+from lakehouse.engines import choice as engines
 from lakehouse.metadata.loader import MetadataError, load_metadata
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.platform import Platform
@@ -233,7 +233,7 @@ def test_arrow_transactions_compute_the_table_metadata_once_per_state(lake, tmp_
     are the same objects, and returns what PyIceberg's own computation returns."""
     from pyiceberg.table import Transaction
 
-    from lakehouse import arrow_engine
+    from lakehouse.engines.arrow import tables as arrow_engine
 
     apply(lake, tmp_path)
     land(lake, "a", [event(1), event(2)])
@@ -270,7 +270,7 @@ def test_a_large_jsonl_file_is_read_in_parallel_blocks_and_a_line_longer_than_a_
     while doing so), so a file with a 3 MB line reads as before."""
     from pyspark.sql import types as T
 
-    from lakehouse.arrow_engine import READ_BLOCK_BYTES, _read_file
+    from lakehouse.engines.arrow.read import READ_BLOCK_BYTES, _read_file
     from lakehouse.metadata.model import Source
 
     source = Source(source_id="s", kind="files", format="jsonl", path="events")
@@ -309,7 +309,7 @@ def test_unique_over_one_column_counts_as_sql_unique(keys):
 
     import pyarrow as pa
 
-    from lakehouse.arrow_engine import _unique
+    from lakehouse.engines.arrow.rules import _unique
     from lakehouse.validation.rules import Rule
 
     rule = Rule(name="u", type="unique", columns=["k"])

@@ -585,7 +585,7 @@ def action_outcome(r: Rule, actions: ActionCounts) -> CheckOutcome:
 def dataset_rule(df: DataFrame | None, r: Rule, total: int, context: dict[str, Any], nulls: dict[str, int]
                  ) -> CheckOutcome:
     """A dataset rule's outcome; row_count and row_count_change need no rows (`df` None: another
-    engine's audit, lakehouse.arrow_engine)."""
+    engine's audit, lakehouse.engines.arrow)."""
     from pyspark.sql import functions as F
 
     expr = describe(r)

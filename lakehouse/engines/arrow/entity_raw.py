@@ -1,9 +1,9 @@
 """entity_raw loads without a JVM: the raw parquet rows to entity_raw rows with pyarrow (issue 21).
 
 The common entity_raw load is a few records per workflow, for which a Spark start-up costs seconds
-for milliseconds of work. When `lakehouse.engine.choose_for_application` picks Arrow, the load
+for milliseconds of work. When `lakehouse.engines.choice.choose_for_application` picks Arrow, the load
 (lakehouse.entity_raw.load) reads each file with pyarrow, builds `raw_record` with Spark's own
-`to_json` spelling (lakehouse.arrow_json), applies the size cap into the same quarantine table,
+`to_json` spelling (lakehouse.engines.arrow.to_json), applies the size cap into the same quarantine table,
 and hands the rows to the same write-audit-publish service on the Arrow engine: the same audit
 branch, rules, kill switch, snapshot-summary checkpoints and exactly-once publish. A table either
 engine loads is the same table, so they may load it turn and turn about.
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakehouse.arrow_json import cast_string, to_json_rows
+from lakehouse.engines.arrow.to_json import cast_string, to_json_rows
 from lakehouse.entity_raw_cap import FILE_COLUMN, KEY, PROVENANCE, QUARANTINE_COLUMNS, ROW_COLUMN, quarantine_identifier
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ def to_entity_raw(raw: pa.Table, *, typename: str, connection_qualified_name: st
 def _quarantine_schema():
     from pyspark.sql import types as T
 
-    from lakehouse.arrow_engine import spark_to_iceberg
+    from lakehouse.engines.arrow.types import spark_to_iceberg
 
     spark_types = {"string": T.StringType(), "bigint": T.LongType(), "timestamp": T.TimestampType()}
     return spark_to_iceberg(T.StructType([T.StructField(c, spark_types[t], True) for c, t in QUARANTINE_COLUMNS]))
