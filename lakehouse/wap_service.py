@@ -6,7 +6,7 @@ stream of `Batch`es. For each of them the same guarantees hold, in this order:
 
 1. each batch is one commit on the run's audit branch `audit_<run_id>` (its file checkpoints ride
    in the snapshot summary), after the source/target throttles; rows failing a quarantine rule go
-   to the quarantine table's branch (`lakehouse.engines.spark.write.AuditedWrite` does the writing);
+   to the quarantine table's branch (the engine's write session, a `lakehouse.engines.audited.BranchWrite`, does the writing);
 2. the rules run on the branch; a failed blocking rule keeps the branch and raises `AuditFailed`
    (steps 1–2 are `write_and_audit`, 3–4 `publish`: a caller may report the rules in between, as
    the Dagster load op does before its output reaches the IO manager that publishes it);
@@ -45,7 +45,7 @@ from lakehouse.validation.quarantine import quarantine_identifier
 from lakehouse.validation.rules import CheckOutcome
 
 if TYPE_CHECKING:
-    from lakehouse.engines.spark.write import AuditedWrite
+    from lakehouse.engines.audited import BranchWrite
 
 #: how often one load writes the remainder again when other runs keep publishing the same input
 MAX_REWRITES = 8
@@ -56,7 +56,7 @@ class Audited:
     """A write that passed its audit and awaits `WriteAuditPublish.publish`: its branch session
     (None: nothing was written, the outcome says why) and the outcome so far."""
 
-    session: AuditedWrite | None
+    session: BranchWrite | None
     outcome: StageOutcome
     started: float
 

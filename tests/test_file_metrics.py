@@ -196,19 +196,19 @@ def test_audit_path_answers_from_statistics_and_observes_only_the_rest(platform,
         [(None, 30.0, "c", now - dt.timedelta(minutes=1)), ("e4", 500.0, "a", now), ("e5", None, "b", now)],
     ]
     observations = []
-    real_observe = wap.AuditedWrite._observed_keys
+    real_observe = wap.SparkAuditedWrite._observed_keys
 
     def spy(self, row_pass, keep):
         keys = real_observe(self, row_pass, keep)
         observations.append(keys)
         return keys
 
-    wap.AuditedWrite._observed_keys = spy
+    wap.SparkAuditedWrite._observed_keys = spy
     try:
         out = StageRunner(platform, "stats", "load", run_id=f"stats_{unique_ns}").wap().run(
             [Batch(_events(spark, rows), label=f"b{i}") for i, rows in enumerate(batches)])
     finally:
-        wap.AuditedWrite._observed_keys = real_observe
+        wap.SparkAuditedWrite._observed_keys = real_observe
     assert out.published and out.rows_written == 5
     # what was counted on the rows while writing: only the rule the statistics cannot answer
     assert observations == ([{"f:kind_known"}] * 2 if observed else [set(), set()])

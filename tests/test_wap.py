@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from lakehouse.engines.spark.write import AuditedWrite
+from lakehouse.engines.spark.write import SparkAuditedWrite as AuditedWrite
 from lakehouse.runner import Batch, StageRunner
 from tests.test_wap_helpers import apply, checks, land, main_snapshot, order, pyiceberg, rows_of, run
 

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakehouse.validation.rules import (
+    FAILED_RULES_COLUMN,
     SAMPLE_ROWS,
     ActionCounts,
     CheckOutcome,
@@ -113,6 +114,23 @@ def tag_failures(table: pa.Table, rules: list[Rule], errors: dict[str, str], tim
         except RuleError as exc:
             errors[r.name] = str(exc)
     return out
+
+
+def failed_rules_column(fails: dict[str, pa.ChunkedArray], mask=None) -> pa.Array:
+    """`_failed_rules` from `tag_failures`' flags: per row (of those `mask` selects), the names of
+    the rules it fails, in the rules' order."""
+    names = list(fails)
+    flags = [(fails[n] if mask is None else fails[n].filter(mask)).to_pylist() for n in names]
+    return pa.array([[n for n, f in zip(names, row, strict=True) if f] for row in zip(*flags, strict=True)],
+                    pa.list_(pa.string()))
+
+
+def tag(table: pa.Table, rules: list[Rule], errors: dict[str, str], time_zone: str = "UTC") -> pa.Table:
+    """`table` with `_failed_rules`: the names of every enabled row rule the row fails (a rule that
+    cannot be evaluated tags nothing; its error goes to `errors`), as Spark's `rules.tag_failures`."""
+    fails = tag_failures(table, rules, errors, time_zone)
+    column = failed_rules_column(fails) if fails else pa.array([[]] * table.num_rows, pa.list_(pa.string()))
+    return table.append_column(FAILED_RULES_COLUMN, column)
 
 
 def evaluate(new: pa.Table, rules: list[Rule], context: dict[str, Any]) -> list[CheckOutcome]:

@@ -10,18 +10,17 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakehouse.engines.arrow.rules import _sample, evaluate, tag_failures
+from lakehouse.engines.arrow.rules import _sample, evaluate, failed_rules_column, tag_failures
 from lakehouse.engines.arrow.types import UTC_US, spark_schema
-from lakehouse.engines.spark.write import AuditedWrite
+from lakehouse.engines.audited import BranchWrite, QuarantineBranch
 from lakehouse.iceberg import WriteResult
-from lakehouse.validation.quarantine import QuarantineWriter
 from lakehouse.validation.rules import FAILED_RULES_COLUMN, SAMPLE_ROWS, CheckOutcome, acting_rules
 
 if TYPE_CHECKING:
     from lakehouse.core import Batch
 
 
-class ArrowQuarantineWriter(QuarantineWriter):
+class ArrowQuarantineWriter(QuarantineBranch):
     """Quarantined rows to the quarantine table's branch through PyIceberg (same columns as Spark's)."""
 
     def write(self, bad: pa.Table, batch_properties: dict[str, str] | None = None) -> int:
@@ -35,9 +34,9 @@ class ArrowQuarantineWriter(QuarantineWriter):
         return rows  # ArrowTables.write matches the table's columns by name
 
 
-class ArrowAuditedWrite(AuditedWrite):
-    """`AuditedWrite` with Arrow batches: the split, the branch writes and the audit on Arrow;
-    the branch bookkeeping and the exactly-once publish are the base class's (PyIceberg already)."""
+class ArrowAuditedWrite(BranchWrite):
+    """A write session on Arrow batches: the split, the branch writes and the audit on Arrow; the
+    branch bookkeeping and the exactly-once publish are `BranchWrite`'s (PyIceberg metadata)."""
 
     def write(self, batch: Batch) -> WriteResult:
         from lakehouse import retry
@@ -77,11 +76,8 @@ class ArrowAuditedWrite(AuditedWrite):
         if q_names and self.quarantine_enabled:
             bad_mask = _any([fails[n] for n in q_names], df.num_rows)
             if pc.any(bad_mask).as_py():
-                names = list(fails)
-                flags = [fails[n].filter(bad_mask).to_pylist() for n in names]  # the quarantined rows only
-                failed_rules = pa.array([[n for n, f in zip(names, row, strict=True) if f] for row in zip(*flags, strict=True)],
-                                        pa.list_(pa.string()))
-                bad = df.filter(bad_mask).append_column(FAILED_RULES_COLUMN, failed_rules)
+                # the names of every rule each quarantined row fails (those rows only)
+                bad = df.filter(bad_mask).append_column(FAILED_RULES_COLUMN, failed_rules_column(fails, bad_mask))
                 self.quarantined_rows += self._quarantine_writer().write(bad, batch.snapshot_properties)
         return df.filter(pc.invert(any_acting))
 
@@ -90,10 +86,8 @@ class ArrowAuditedWrite(AuditedWrite):
         gives the same answer on both engines."""
         return self.runner.platform.settings.session_time_zone
 
-    def _quarantine_writer(self):
-        if self._quarantine is None:
-            self._quarantine = ArrowQuarantineWriter(self.runner, self.tables, self.branch)
-        return self._quarantine
+    def _new_quarantine(self) -> ArrowQuarantineWriter:
+        return ArrowQuarantineWriter(self.runner, self.tables, self.branch)
 
     def _new_rows(self) -> pa.Table:
         """The rows this run added on its branch: its own data files (or the whole branch when a

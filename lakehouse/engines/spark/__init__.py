@@ -1,4 +1,4 @@
-"""The JVM engine: the source adapters' Spark batches, `AuditedWrite` (lakehouse.engines.spark.write)
+"""The JVM engine: the source adapters' Spark batches, `SparkAuditedWrite` (lakehouse.engines.spark.write)
 on Spark's Iceberg catalog."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 class SparkEngine:
-    """The JVM engine: the source adapter's Spark batches, `AuditedWrite` on Spark's catalog."""
+    """The JVM engine: the source adapter's Spark batches, `SparkAuditedWrite` on Spark's catalog."""
 
     name = "spark"
 
@@ -21,9 +21,9 @@ class SparkEngine:
         return platform.tables()
 
     def session(self, ctx: StageContext, tables: IcebergTables, branch: str, **kwargs: Any):
-        from lakehouse.engines.spark.write import AuditedWrite
+        from lakehouse.engines.spark.write import SparkAuditedWrite
 
-        return AuditedWrite(ctx, tables, branch, **kwargs)
+        return SparkAuditedWrite(ctx, tables, branch, **kwargs)
 
     def batches(self, ctx: StageContext, plan: ExtractPlan) -> Iterator[Batch]:
         return ctx.adapter_for(plan.kind).batches(ctx, plan)
