@@ -12,7 +12,7 @@ Each probe keeps its answer, no pandas, and does not ask again. While pandas is 
 object can be a pandas object, so the answers are right. One more answer follows from them: a
 nanosecond timestamp's or duration's `as_py()` is a datetime / timedelta (an error if that would
 drop nanoseconds), not a pandas Timestamp / Timedelta; the platform reads no nanosecond timestamps
-(lakehouse.engines.arrow.types.arrow_to_spark refuses them, as Spark does). If something DOES import
+(lakehouse.engines.types.arrow_to_spark refuses them, as Spark does). If something DOES import
 pandas later in the process (tests/test_pyarrow_probes.py):
 
 - `Table.to_pandas()` and `Table.from_pandas(df)` still work: the shim retries the import on a

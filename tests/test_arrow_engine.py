@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pyarrow as pa
 import pytest
 
 from lakehouse.core import AuditFailed, ExtractPlan, FileRef
@@ -268,14 +269,11 @@ def test_a_large_jsonl_file_is_read_in_parallel_blocks_and_a_line_longer_than_a_
     the one a single block gives. A block holds at least two of the file's longest line, as the
     probe's: pyarrow refuses a line straddling two block boundaries (and can abort the process
     while doing so), so a file with a 3 MB line reads as before."""
-    from pyspark.sql import types as T
-
     from lakehouse.engines.arrow.read import READ_BLOCK_BYTES, _read_file
     from lakehouse.metadata.model import Source
 
     source = Source(source_id="s", kind="files", format="jsonl", path="events")
-    own = T.StructType([T.StructField("id", T.LongType()), T.StructField("note", T.StringType()),
-                        T.StructField("extra", T.StructType([T.StructField("n", T.LongType())]))])
+    own = pa.schema([("id", pa.int64()), ("note", pa.string()), ("extra", pa.struct([("n", pa.int64())]))])
     rows = [{"id": i, "note": f"row {i} " + "x" * 40, "extra": {"n": i % 7}} for i in range(40_000)]
     plain = tmp_path / "plain.jsonl"
     plain.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -306,8 +304,6 @@ def test_unique_over_one_column_counts_as_sql_unique(keys):
     """One key column is answered by a hash of its values when nothing repeats; a repeat still gets
     the rows, the keys and the sample. NULL keys are not duplicates (SQL UNIQUE)."""
     from collections import Counter
-
-    import pyarrow as pa
 
     from lakehouse.engines.arrow.rules import _unique
     from lakehouse.validation.rules import Rule

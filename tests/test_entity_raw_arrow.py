@@ -277,7 +277,7 @@ def test_arrow_stage_exports_to_the_warehouse_without_a_jvm(lake, tmp_path, post
     assert logged[0].details["export_engine"] == "arrow" and logged[0].details["export_rows"] == 7
 
     # streamed in batches (3 rows here) into the same staging-and-swap path: the same rows
-    from lakehouse.engines.arrow.types import iceberg_to_spark
+    from lakehouse.engines.types import iceberg_to_spark
     from lakehouse.export import warehouse
 
     gold_table = pyiceberg(lake).load_table("gold.sales")

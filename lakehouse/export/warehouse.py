@@ -288,7 +288,7 @@ def export_after_publish(runner: StageContext, outcome: StageOutcome) -> ExportR
     chosen = {"export_engine": choice.engine, "export_engine_reason": choice.reason}
     try:
         if choice.engine == "arrow":
-            from lakehouse.engines.arrow.types import iceberg_to_spark
+            from lakehouse.engines.types import iceberg_to_spark
 
             # pinned to the published snapshot, read by PyIceberg in batches: no JVM
             data = (table.scan(snapshot_id=snap.snapshot_id).to_arrow_batch_reader() if snap is not None

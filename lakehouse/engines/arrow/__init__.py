@@ -1,7 +1,11 @@
 """Write-audit-publish without a JVM: PyIceberg + Arrow for small file loads (issue 21, seed 001).
 
 The same contract as the Spark engine, behind the same service (lakehouse.wap_service), for what
-`lakehouse.metadata.engine_support.arrow_blockers` admits (files / staged S3 objects, append, Arrow-evaluable rules):
+`lakehouse.metadata.engine_support.arrow_blockers` admits (files / staged S3 objects, DuckDB SQL
+stages' results, append or whole-table replacement, Arrow-evaluable rules). The package by concern:
+`read` (files as Arrow), `conform` (to a schema), `rules` (row rules, tagging, the audit's outcomes),
+`tables` (PyIceberg writes and branches), `write` (the write session), `entity_raw`, `to_json`.
+
 
 * files are probed and reconciled by the same code (`lakehouse.ingest.prepare.prepare_files`,
   with `ArrowSchemaIO` answering the table and footer questions through PyIceberg and pyarrow),
@@ -15,17 +19,10 @@ The same contract as the Spark engine, behind the same service (lakehouse.wap_se
 * publish, kill-switch re-check, conflict handling and exactly-once are the service's, unchanged
   (`lakehouse.publish` already works on PyIceberg metadata).
 
-Types travel as Spark's `pyspark.sql.types` (plain Python, no JVM), because the shared probe and
-reconciliation speak them; converters here map them to Arrow and Iceberg types the way Spark's
-Iceberg integration does, so a table either engine creates is the same table.
-
-PyIceberg's `Transaction.table_metadata` re-applies the staged updates to the table's metadata and
-deep-copies the result (pydantic `model_copy(deep=True)`) on every read, and one append reads it
-~15 times (snapshot id, branch head, summary, commit): ~8 ms each on a small table, growing with
-its snapshots. The engine's appends and branch creations use `_Transaction`, which keeps the
-result while neither the table's metadata nor the staged updates change (private-API override,
-pyiceberg 0.12; `tests/test_arrow_engine.py`). What is committed is unchanged: the catalog
-recomputes the new metadata from the same updates and requirements.
+Types are Arrow and Iceberg schemas (lakehouse.engines.types maps them the way Spark's Iceberg
+integration does, so a table either engine creates is the same table); this package imports no
+pyspark module (tests/test_engine_parity.py checks it). The shared probe and reconciliation still
+answer in Spark's types: `read_prepared` and `ArrowSchemaIO` translate at that one edge.
 """
 
 from __future__ import annotations
@@ -33,7 +30,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from lakehouse.core import SQL
+from lakehouse.engines.arrow import rules
+from lakehouse.engines.arrow.conform import conform
 from lakehouse.engines.arrow.read import file_batches
 from lakehouse.engines.arrow.tables import ArrowTables
 from lakehouse.engines.arrow.write import ArrowAuditedWrite
@@ -41,11 +42,14 @@ from lakehouse.engines.arrow.write import ArrowAuditedWrite
 if TYPE_CHECKING:
     from lakehouse.core import Batch, ExtractPlan, StageContext
     from lakehouse.iceberg import IcebergTables
+    from lakehouse.metadata.model import Rule
     from lakehouse.platform import Platform
+    from lakehouse.validation.rules import CheckOutcome
 
 
 class ArrowEngine:
-    """PyIceberg + Arrow: no JVM (lakehouse.engines.choice chooses it)."""
+    """PyIceberg + Arrow: no JVM (lakehouse.engines.choice chooses it); frames are `pyarrow.Table`s.
+    Implements `lakehouse.engines.Engine`."""
 
     name = "arrow"
 
@@ -62,4 +66,12 @@ class ArrowEngine:
             return duckdb_arrow_batches(ctx, plan)
         return file_batches(ctx, plan, self.tables(ctx.platform))
 
+    def conform(self, frame: pa.Table, schema: pa.Schema) -> pa.Table:
+        return conform(frame, schema)
 
+    def tag_failures(self, frame: pa.Table, rules_: list[Rule], errors: dict[str, str], time_zone: str = "UTC"
+                     ) -> pa.Table:
+        return rules.tag(frame, rules_, errors, time_zone)
+
+    def evaluate(self, frame: pa.Table, rules_: list[Rule], context: dict[str, Any]) -> list[CheckOutcome]:
+        return rules.evaluate(frame, rules_, context)

@@ -5,15 +5,9 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from lakehouse.engines.arrow.types import spark_to_arrow
-
-if TYPE_CHECKING:
-    from pyspark.sql.types import StructType
 
 
 def _conform_array(arr: pa.Array, want: pa.DataType) -> pa.Array:
@@ -104,15 +98,14 @@ def _spark_date(text: str) -> dt.date:
         raise ValueError(f"the Arrow engine cannot read {text!r} as a date; set the target's engine to spark") from None
 
 
-def conform(table: pa.Table, want: StructType) -> pa.Table:
+def conform(table: pa.Table, want: pa.Schema) -> pa.Table:
     """`table` as exactly `want`: columns matched by name case-insensitively, cast, NULL for what
     it lacks (the Arrow twin of lakehouse.ingest.prepare.conform)."""
     by_name = {n.lower(): n for n in table.column_names}
     cols, names = [], []
-    for f in want.fields:
-        at = spark_to_arrow(f.dataType)
+    for f in want:
         src = by_name.get(f.name.lower())
-        cols.append(pa.nulls(table.num_rows, at) if src is None else _conform_array(table.column(src), at))
+        cols.append(pa.nulls(table.num_rows, f.type) if src is None else _conform_array(table.column(src), f.type))
         names.append(f.name)
     return pa.table(cols, names=names)
 

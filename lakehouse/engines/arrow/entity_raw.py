@@ -71,12 +71,10 @@ def to_entity_raw(raw: pa.Table, *, typename: str, connection_qualified_name: st
 
 
 def _quarantine_schema():
-    from pyspark.sql import types as T
+    from lakehouse.engines.types import UTC_US, arrow_to_iceberg
 
-    from lakehouse.engines.arrow.types import spark_to_iceberg
-
-    spark_types = {"string": T.StringType(), "bigint": T.LongType(), "timestamp": T.TimestampType()}
-    return spark_to_iceberg(T.StructType([T.StructField(c, spark_types[t], True) for c, t in QUARANTINE_COLUMNS]))
+    types = {"string": pa.string(), "bigint": pa.int64(), "timestamp": UTC_US}
+    return arrow_to_iceberg(pa.schema([(c, types[t]) for c, t in QUARANTINE_COLUMNS]))
 
 
 def apply_cap(platform: Platform, identifier: str, table: pa.Table, files: list[FileRef], max_bytes: int,

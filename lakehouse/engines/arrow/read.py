@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakehouse.engines.arrow.conform import conform
-from lakehouse.engines.arrow.types import UTC_US, spark_to_arrow
+from lakehouse.engines.types import UTC_US, arrow_schema
 from lakehouse.ingest import files as file_ingest
 from lakehouse.ingest.checkpoints import checked_files
 from lakehouse.ingest.files import FileRef
@@ -20,8 +20,6 @@ from lakehouse.ingest.prepare import PreparedFiles, prepare_files
 from lakehouse.ingest.probe import longest_line
 
 if TYPE_CHECKING:
-    from pyspark.sql.types import StructType
-
     from lakehouse.core import Batch, ExtractPlan, StageContext
     from lakehouse.engines.arrow.tables import ArrowTables
     from lakehouse.metadata.model import Source
@@ -47,18 +45,17 @@ def _field_path(table: pa.Table, path: str) -> pa.ChunkedArray:
 READ_BLOCK_BYTES = 1 << 20
 
 
-def _read_file(source: Source, path: str, own: StructType) -> pa.Table:
+def _read_file(source: Source, path: str, own: pa.Schema) -> pa.Table:
     """One file read with its own (probed) schema, the way Spark reads it with that schema."""
     import pyarrow.csv as pcsv
     import pyarrow.json as pjson
     import pyarrow.parquet as pq
-    from pyspark.sql import types as T
 
     if source.format == "parquet":
         return pq.read_table(path)
     # timestamps and dates are read as text and parsed by `conform` with Spark's grammar
-    types = {f.name: (pa.string() if isinstance(f.dataType, (T.TimestampType, T.TimestampNTZType, T.DateType))
-                      else spark_to_arrow(f.dataType)) for f in own.fields}
+    types = {f.name: (pa.string() if pa.types.is_timestamp(f.type) or pa.types.is_date(f.type) else f.type)
+             for f in own}
     if source.format == "jsonl":
         data = Path(path).read_bytes()
         # from 2 MB up, blocks parse in parallel (half the time on two cores at 15 MB); with an explicit
@@ -82,11 +79,12 @@ def read_prepared(prepared: PreparedFiles, files: list[FileRef], object_uri: Cal
     """The loadable `files` as one Arrow table in the reconciled schema, with the promoted fields
     and the lineage columns (what `PreparedFiles.read` + `read_batch` give on Spark)."""
     source = prepared.source
+    want = arrow_schema(prepared.schema)  # the shared reconciliation speaks Spark's types
     parts = []
     for f in files:
         local = f.local_path or f.key
         try:
-            t = conform(_read_file(source, local, prepared.read_schemas[f.key]), prepared.schema)
+            t = conform(_read_file(source, local, arrow_schema(prepared.read_schemas[f.key])), want)
         except (pa.ArrowException, ValueError) as exc:  # what the probe passed and pyarrow still refuses
             raise ValueError(f"{f.key}: the Arrow engine cannot read this file as its probe planned ({exc}); "
                              "set the target's engine to spark to load it") from exc

@@ -1,24 +1,5 @@
 """The Arrow engine's tables: writes and branch operations through PyIceberg, no JVM.
 
-The same contract as the Spark engine, behind the same service (lakehouse.wap_service), for what
-`lakehouse.engines.choice.arrow_blockers` admits (files / staged S3 objects, append, Arrow-evaluable rules):
-
-* files are probed and reconciled by the same code (`lakehouse.ingest.prepare.prepare_files`,
-  with `ArrowSchemaIO` answering the table and footer questions through PyIceberg and pyarrow),
-  read with pyarrow into exactly the reconciled schema, with `promote_fields` and the lineage
-  columns `_source_file` / `_ingested_at` Spark would add;
-* each batch is one PyIceberg append to the `audit_<run_id>` branch, carrying the same snapshot
-  properties (file checkpoints, run id); rows failing a quarantine rule go to the quarantine
-  table's branch with the same columns;
-* the rules are evaluated with pyarrow.compute on the branch's own new files (row count from the
-  snapshot summary), with the same outcomes and messages as `lakehouse.validation.rules`;
-* publish, kill-switch re-check, conflict handling and exactly-once are the service's, unchanged
-  (`lakehouse.publish` already works on PyIceberg metadata).
-
-Types travel as Spark's `pyspark.sql.types` (plain Python, no JVM), because the shared probe and
-reconciliation speak them; converters here map them to Arrow and Iceberg types the way Spark's
-Iceberg integration does, so a table either engine creates is the same table.
-
 PyIceberg's `Transaction.table_metadata` re-applies the staged updates to the table's metadata and
 deep-copies the result (pydantic `model_copy(deep=True)`) on every read, and one append reads it
 ~15 times (snapshot id, branch head, summary, commit): ~8 ms each on a small table, growing with
@@ -39,12 +20,16 @@ from pyiceberg.table.update import update_table_metadata
 from pyiceberg.table.update.snapshot import ManageSnapshots
 
 from lakehouse.engines.arrow.conform import _conform_array
-from lakehouse.engines.arrow.types import _spark_to_iceberg_type, arrow_to_spark, iceberg_to_spark, spark_to_iceberg
+from lakehouse.engines.types import (
+    arrow_to_iceberg,
+    arrow_to_spark,
+    arrow_type_to_iceberg,
+    iceberg_to_spark,
+    spark_type_to_iceberg,
+)
 from lakehouse.iceberg import MAIN, IcebergTables, WriteResult, retry_metadata_commit
 
 if TYPE_CHECKING:
-    from pyspark.sql.types import StructType
-
     from lakehouse.metadata.model import Target
     from lakehouse.platform import Platform
 
@@ -112,16 +97,16 @@ class ArrowTables(IcebergTables):
             if not self.meta.namespace_exists(ns):
                 raise
 
-    def ensure_table(self, target: Target, schema: StructType, *, wap: bool = True) -> bool:
-        """Create the table as Spark's catalog would from `schema` (same columns, types, partition
-        spec and properties). True if created."""
+    def ensure_table(self, target: Target, schema: pa.Schema, *, wap: bool = True) -> bool:
+        """Create the table as Spark's catalog would from a frame of Arrow schema `schema` (same
+        columns, types, field ids, partition spec and properties). True if created."""
         ident = target.identifier
         self.ensure_namespace(target.namespace)
         if self.exists(ident):
             return False
         if target.sort_order:
             raise ValueError(f"{ident}: a sort order is set on write by Spark; the Arrow engine does not sort")
-        ice = spark_to_iceberg(schema)
+        ice = arrow_to_iceberg(schema)
         props = {"format-version": "2", "write.wap.enabled": "true" if wap else "false", **target.table_properties}
         try:
             self.meta.create_table(ident, schema=ice, partition_spec=_partition_spec(target, ice), properties=props)
@@ -132,14 +117,14 @@ class ArrowTables(IcebergTables):
         log.info("created Iceberg table %s (PyIceberg)", ident)
         return True
 
-    def add_missing_columns(self, identifier: str, schema: StructType) -> list[str]:
+    def add_missing_columns(self, identifier: str, schema: pa.Schema) -> list[str]:
         table = self.meta.load_table(identifier)
         existing = {f.name.lower() for f in table.schema().fields}
-        new = [f for f in schema.fields if f.name.lower() not in existing]
+        new = [f for f in schema if f.name.lower() not in existing]
         if new:
             with table.update_schema() as upd:
                 for f in new:
-                    upd.add_column(f.name, _spark_to_iceberg_type(f.dataType, iter(range(1, 1 << 30)).__next__))
+                    upd.add_column(f.name, arrow_type_to_iceberg(f.type))
         return [f.name for f in new]
 
     def create_branch(self, identifier: str, branch: str) -> None:
@@ -214,10 +199,12 @@ class ArrowSchemaIO:
     def exists(self, ident: str) -> bool:
         return self.tables.exists(ident)
 
-    def table_schema(self, ident: str) -> StructType:
+    # the shared reconciliation (lakehouse.ingest.prepare) asks and is answered in Spark's types,
+    # translated by lakehouse.engines.types: this class is the Arrow engine's one edge to them
+    def table_schema(self, ident: str):
         return iceberg_to_spark(self.tables.meta.load_table(ident).schema())
 
-    def footer_schema(self, path: str) -> StructType:
+    def footer_schema(self, path: str):
         import pyarrow.parquet as pq
 
         return arrow_to_spark(pa.struct(list(pq.read_schema(path))))
@@ -233,7 +220,7 @@ class ArrowSchemaIO:
                 for c in changes:
                     if c.kind == "new" and _has_path(current, c.path):
                         continue  # a concurrent run or a healing retry added it already
-                    ice = _spark_to_iceberg_type(c.found, iter(range(1, 1 << 30)).__next__)
+                    ice = spark_type_to_iceberg(c.found)
                     if c.kind == "new":
                         upd.add_column(tuple(c.path), ice)
                     else:

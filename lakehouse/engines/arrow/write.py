@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakehouse.engines.arrow.rules import _sample, evaluate, failed_rules_column, tag_failures
-from lakehouse.engines.arrow.types import UTC_US, spark_schema
 from lakehouse.engines.audited import BranchWrite, QuarantineBranch
+from lakehouse.engines.types import UTC_US
 from lakehouse.iceberg import WriteResult
 from lakehouse.validation.rules import FAILED_RULES_COLUMN, SAMPLE_ROWS, CheckOutcome, acting_rules
 
@@ -28,7 +28,7 @@ class ArrowQuarantineWriter(QuarantineBranch):
         rows = (bad.append_column("_run_id", pa.array([self.runner.run_id] * n, pa.string()))
                 .append_column("_quarantined_at", pa.array([dt.datetime.now(dt.UTC)] * n, UTC_US))
                 .append_column("_quarantine_id", pa.array([str(uuid.uuid4()) for _ in range(n)], pa.string())))
-        return self.append(rows, spark_schema(rows.schema), batch_properties)
+        return self.append(rows, rows.schema, batch_properties)
 
     def align(self, rows: pa.Table) -> pa.Table:
         return rows  # ArrowTables.write matches the table's columns by name
@@ -45,7 +45,7 @@ class ArrowAuditedWrite(BranchWrite):
         df: pa.Table = batch.df
         keep = self._split(df, batch)
         if not self.created:
-            self._start_branch(spark_schema(keep.schema))
+            self._start_branch(keep.schema)
         head = self.tables.snapshot_id(self.ident, self.branch)
         res = retry.call(retry.BRANCH_WRITE,
                          lambda: self.tables.write(keep, self.target, branch=self.branch,

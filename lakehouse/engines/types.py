@@ -1,6 +1,13 @@
-"""Types of the Arrow engine: Spark's `pyspark.sql.types` (what the shared probe and reconciliation
-speak) mapped to Arrow and Iceberg types the way Spark's Iceberg integration maps them, so a table
-either engine creates is the same table."""
+"""The platform's type model: Arrow schemas, and the Iceberg schemas of the tables, mapped to each
+other the way Spark's Iceberg integration maps them, so a table either engine creates is the same
+table (same types, same field ids).
+
+Spark's `pyspark.sql.types` meet this model only at its edges, and only here: the Spark engine and
+the shared probe and reconciliation of files (lakehouse.ingest.prepare, which still speaks Spark
+types) convert with `spark_to_arrow` / `arrow_to_spark` / `spark_to_iceberg` / `iceberg_to_spark`,
+pure Python (no JVM), imported lazily. The Arrow engine (lakehouse.engines.arrow) imports no
+pyspark module itself: it works in Arrow and Iceberg schemas (`arrow_to_iceberg`) and asks this
+module to translate what the shared reconciliation hands it (`arrow_schema`)."""
 
 from __future__ import annotations
 
@@ -146,3 +153,80 @@ def iceberg_to_spark(t) -> DataType:
         return T.MapType(iceberg_to_spark(t.key_type), iceberg_to_spark(t.value_type), True)
     raise ValueError(f"no Spark type for Iceberg type {t}")
 
+
+# --------------------------------------------------------------------------- Arrow <-> Iceberg (no Spark)
+
+
+def arrow_schema(schema: StructType) -> pa.Schema:
+    """The Arrow schema a Spark schema (the shared reconciliation's) is read and written as."""
+    return pa.schema([pa.field(f.name, spark_to_arrow(f.dataType)) for f in schema.fields])
+
+
+def _arrow_to_iceberg_type(t: pa.DataType, next_id: Callable[[], int]):
+    """The Iceberg type Spark's catalog gives a column Spark reads as Arrow type `t` (what
+    `spark_to_iceberg(spark_schema(...))` gives, without Spark's types): small and unsigned integers
+    widen as Spark reads them, nanosecond timestamps are refused as Spark refuses them."""
+    from pyiceberg import types as it
+
+    pt = pa.types
+    if pt.is_dictionary(t):
+        return _arrow_to_iceberg_type(t.value_type, next_id)
+    for test, out in ((pt.is_boolean, it.BooleanType), (pt.is_int8, it.IntegerType), (pt.is_int16, it.IntegerType),
+                      (pt.is_int32, it.IntegerType), (pt.is_uint8, it.IntegerType), (pt.is_uint16, it.IntegerType),
+                      (pt.is_int64, it.LongType), (pt.is_uint32, it.LongType), (pt.is_float32, it.FloatType),
+                      (pt.is_float64, it.DoubleType), (pt.is_date, it.DateType)):
+        if test(t):
+            return out()
+    if pt.is_uint64(t):
+        return it.DecimalType(20, 0)
+    if pt.is_decimal(t):
+        return it.DecimalType(t.precision, t.scale)
+    if pt.is_string(t) or pt.is_large_string(t) or pt.is_string_view(t):
+        return it.StringType()
+    if pt.is_binary(t) or pt.is_large_binary(t) or pt.is_fixed_size_binary(t):
+        return it.BinaryType()
+    if pt.is_timestamp(t):
+        if t.unit == "ns":
+            raise ValueError(f"Illegal Parquet type: INT64 (TIMESTAMP(NANOS,{str(t.tz is not None).lower()})).")
+        return it.TimestamptzType() if t.tz is not None else it.TimestampType()
+    if pt.is_struct(t):
+        ids = [next_id() for _ in range(t.num_fields)]  # a struct's own fields first, then what they nest
+        return it.StructType(*[it.NestedField(i, f.name, _arrow_to_iceberg_type(f.type, next_id), required=False)
+                               for i, f in zip(ids, t, strict=True)])
+    if pt.is_list(t) or pt.is_large_list(t):
+        eid = next_id()
+        return it.ListType(eid, _arrow_to_iceberg_type(t.value_type, next_id), element_required=False)
+    if pt.is_map(t):
+        kid, vid = next_id(), next_id()
+        return it.MapType(kid, _arrow_to_iceberg_type(t.key_type, next_id), vid,
+                          _arrow_to_iceberg_type(t.item_type, next_id), value_required=False)
+    raise ValueError(f"no Iceberg type for Arrow type {t}")
+
+
+def arrow_type_to_iceberg(t: pa.DataType):
+    """`t` as an Iceberg type (ids to be reassigned by the schema update that adds it)."""
+    return _arrow_to_iceberg_type(t, iter(range(1, 1 << 30)).__next__)
+
+
+def arrow_to_iceberg(schema: pa.Schema):
+    """The Iceberg schema Spark's Iceberg catalog creates for a frame of Arrow schema `schema` (all
+    optional, Spark's field ids); a type no table column can have is refused naming the column."""
+    from pyiceberg.schema import Schema
+
+    counter = iter(range(1, 1 << 30))
+    next_id = counter.__next__
+    ids = [next_id() for _ in schema]
+    fields = []
+    from pyiceberg.types import NestedField
+
+    for i, f in zip(ids, schema, strict=True):
+        try:
+            fields.append(NestedField(i, f.name, _arrow_to_iceberg_type(f.type, next_id), required=False))
+        except ValueError as exc:
+            raise ValueError(f"column {f.name!r}: {exc}") from exc
+    return Schema(*fields)
+
+
+def spark_type_to_iceberg(t: DataType):
+    """A Spark type (the shared reconciliation's) as an Iceberg type, ids to be reassigned."""
+    return _spark_to_iceberg_type(t, iter(range(1, 1 << 30)).__next__)
