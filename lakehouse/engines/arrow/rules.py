@@ -33,6 +33,34 @@ def _column(table: pa.Table, rule: Rule, name: str) -> pa.ChunkedArray:
     return table.column(by_name[name.lower()])
 
 
+def _spark_string(rule: Rule, col: pa.ChunkedArray, time_zone: str) -> pa.Array:
+    """`col` as Spark's `CAST(col AS STRING)` spells it (a regex matches that text): doubles and
+    decimals as Java prints them (10.0, NaN, 1.0E20), timestamps as `yyyy-MM-dd HH:mm:ss[.ffffff]` in
+    the session time zone (trailing zeros of the fraction dropped)."""
+    import zoneinfo
+
+    from lakehouse.engines.arrow.to_json import cast_string
+
+    t = col.type
+    if pa.types.is_dictionary(t):
+        col, t = col.cast(t.value_type), t.value_type
+    if pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return cast_string(col)
+    if pa.types.is_timestamp(t):
+        zone = zoneinfo.ZoneInfo(time_zone) if t.tz is not None else None
+
+        def spell(v):
+            v = v.astimezone(zone) if zone is not None else v
+            frac = f"{v.microsecond:06d}".rstrip("0")
+            return v.strftime("%Y-%m-%d %H:%M:%S") + (f".{frac}" if frac else "")
+
+        return pa.array([None if v is None else spell(v) for v in col.to_pylist()], pa.string())
+    if pa.types.is_nested(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        raise RuleError(f"rule {rule.name!r}: a regex over a {t} column is evaluated by Spark; set the target's "
+                        "engine to spark")
+    return col.cast(pa.string())  # text, integers, booleans, dates: the same spelling as Spark's
+
+
 def _literal(value: Any, like: pa.DataType) -> pa.Scalar:
     try:
         return pa.scalar(value).cast(like)
@@ -59,11 +87,14 @@ def passes(rule: Rule, table: pa.Table, time_zone: str = "UTC") -> pa.ChunkedArr
     elif rule.type == "range":
         cond = pc.is_valid(col)
         if rule.min is not None:
-            cond = pc.and_kleene(cond, pc.greater_equal(col, _literal(rule.min, col.type)))
+            at_least = pc.greater_equal(col, _literal(rule.min, col.type))
+            if pa.types.is_floating(col.type):  # Spark orders NaN above every number: NaN >= min
+                at_least = pc.or_kleene(at_least, pc.is_nan(col))
+            cond = pc.and_kleene(cond, at_least)
         if rule.max is not None:
             cond = pc.and_kleene(cond, pc.less_equal(col, _literal(rule.max, col.type)))
     elif rule.type == "regex":
-        cond = pc.match_substring_regex(col.cast(pa.string()), rule.pattern or "")
+        cond = pc.match_substring_regex(_spark_string(rule, col, time_zone), rule.pattern or "")
     else:
         raise RuleError(f"rule {rule.name!r}: {rule.type} is not a row rule the Arrow engine evaluates")
     return pc.fill_null(cond, False)
