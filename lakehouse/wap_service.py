@@ -37,7 +37,7 @@ from lakehouse.control.flags import dataset_gate
 from lakehouse.control.healing import run_with_healing
 from lakehouse.core import AuditFailed, Batch, DatasetDisabled, ExtractPlan, StageContext, StageDisabled, StageOutcome
 from lakehouse.engines.spark import SparkEngine
-from lakehouse.iceberg import IcebergTables, branch_name_for_run
+from lakehouse.iceberg import CatalogTables, branch_name_for_run
 from lakehouse.publish import Superseded, remainder_plan
 from lakehouse.throughput.ratelimit import StageThrottle
 from lakehouse.validation import history
@@ -96,7 +96,7 @@ class WriteAuditPublish:
     """
 
     def __init__(self, ctx: StageContext, *, quarantine: bool = True,
-                 prepare_branch: Callable[[IcebergTables, str], None] | None = None, engine=None):
+                 prepare_branch: Callable[[CatalogTables, str], None] | None = None, engine=None):
         self.ctx = ctx
         self.quarantine = quarantine
         self.prepare_branch = prepare_branch
@@ -104,7 +104,7 @@ class WriteAuditPublish:
         self.engine = engine if engine is not None else SparkEngine()
 
     # ------------------------------------------------------------------ branches
-    def tidy_branches(self, tables: IcebergTables) -> dict:
+    def tidy_branches(self, tables: CatalogTables) -> dict:
         """Branches of dead runs and expired failed audits go before this run writes (lakehouse.branches)."""
         ctx = self.ctx
         coordination.hold_lease(ctx.platform, ctx.run_id, ctx.target.identifier)

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from lakehouse.core import Batch, ExtractPlan, StageContext
     from lakehouse.engines.audited import BranchWrite
     from lakehouse.engines.choice import EngineChoice
-    from lakehouse.iceberg import IcebergTables
+    from lakehouse.iceberg import CatalogTables
     from lakehouse.metadata.model import Rule
     from lakehouse.platform import Platform
     from lakehouse.validation.rules import CheckOutcome
@@ -53,11 +53,11 @@ class Engine(Protocol):
 
     name: str
 
-    def tables(self, platform: Platform) -> IcebergTables:
+    def tables(self, platform: Platform) -> CatalogTables:
         """The platform's tables, with writes and branch operations done by this engine."""
         ...
 
-    def session(self, ctx: StageContext, tables: IcebergTables, branch: str, **kwargs: Any) -> BranchWrite:
+    def session(self, ctx: StageContext, tables: CatalogTables, branch: str, **kwargs: Any) -> BranchWrite:
         """A write session on `branch` of the step's target (and of its quarantine table)."""
         ...
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lakehouse.iceberg import MAIN, IcebergTables, WriteResult, retry_metadata_commit
+from lakehouse.iceberg import MAIN, CatalogTables, WriteResult, retry_metadata_commit
 from lakehouse.ingest.files import CHECKPOINT_PROPERTY
 from lakehouse.validation.quarantine import quarantine_target
 from lakehouse.validation.rules import ActionCounts, CheckOutcome, SchemaDrift, acting_rules
@@ -32,7 +32,7 @@ class QuarantineBranch:
     """Appends a run's quarantined rows to the audit branch of the quarantine table, and publishes
     it after the data. An engine adds `write` (the quarantine columns on its frame) and `align`."""
 
-    def __init__(self, runner: StageContext, tables: IcebergTables, branch: str):
+    def __init__(self, runner: StageContext, tables: CatalogTables, branch: str):
         self.runner = runner
         self.tables = tables
         self.branch = branch
@@ -88,8 +88,8 @@ class BranchWrite:
     """One run's writes to one target, on its audit branch, until publish (the engine-neutral half;
     see the module docstring). An engine adds `write`, `audit` and `_new_quarantine`."""
 
-    def __init__(self, runner: StageContext, tables: IcebergTables, branch: str, *, quarantine: bool = True,
-                 since: int | None | str = "now", prepare_branch: Callable[[IcebergTables, str], None] | None = None):
+    def __init__(self, runner: StageContext, tables: CatalogTables, branch: str, *, quarantine: bool = True,
+                 since: int | None | str = "now", prepare_branch: Callable[[CatalogTables, str], None] | None = None):
         self.runner = runner
         self.tables = tables
         self.branch = branch

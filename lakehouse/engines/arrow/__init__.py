@@ -41,7 +41,7 @@ from lakehouse.engines.arrow.write import ArrowAuditedWrite
 
 if TYPE_CHECKING:
     from lakehouse.core import Batch, ExtractPlan, StageContext
-    from lakehouse.iceberg import IcebergTables
+    from lakehouse.iceberg import CatalogTables
     from lakehouse.metadata.model import Rule
     from lakehouse.platform import Platform
     from lakehouse.validation.rules import CheckOutcome
@@ -56,7 +56,7 @@ class ArrowEngine:
     def tables(self, platform: Platform) -> ArrowTables:
         return ArrowTables(platform)
 
-    def session(self, ctx: StageContext, tables: IcebergTables, branch: str, **kwargs: Any) -> ArrowAuditedWrite:
+    def session(self, ctx: StageContext, tables: CatalogTables, branch: str, **kwargs: Any) -> ArrowAuditedWrite:
         return ArrowAuditedWrite(ctx, tables, branch, **kwargs)
 
     def batches(self, ctx: StageContext, plan: ExtractPlan) -> Iterator[Batch]:

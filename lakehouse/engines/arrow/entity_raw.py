@@ -23,7 +23,7 @@ from lakehouse.engines.arrow.to_json import cast_string, to_json_rows
 from lakehouse.entity_raw_cap import FILE_COLUMN, KEY, PROVENANCE, QUARANTINE_COLUMNS, ROW_COLUMN, quarantine_identifier
 
 if TYPE_CHECKING:
-    from lakehouse.iceberg import IcebergTables
+    from lakehouse.iceberg import CatalogTables
     from lakehouse.ingest.files import FileRef
     from lakehouse.platform import Platform
 
@@ -131,7 +131,7 @@ def write_quarantine(platform: Platform, identifier: str, rows: pa.Table, run_id
     return rows.num_rows
 
 
-def upsert_delete(ident: str, tenant_id: str, pairs: list[tuple[str, str]]) -> Callable[[IcebergTables, str], None]:
+def upsert_delete(ident: str, tenant_id: str, pairs: list[tuple[str, str]]) -> Callable[[CatalogTables, str], None]:
     """UPSERT on Arrow: on the audit branch, PyIceberg deletes the tenant's rows of every
     (connection_qualified_name, typename) the load contains (the expression is built from values,
     never text), before the new rows; both reach main in one publish."""
@@ -142,6 +142,6 @@ def upsert_delete(ident: str, tenant_id: str, pairs: list[tuple[str, str]]) -> C
     each = [And(EqualTo("connection_qualified_name", c), EqualTo("typename", t)) for c, t in pairs]
     cond = And(EqualTo("tenant_id", tenant_id), reduce(Or, each))
 
-    def delete(tables: IcebergTables, branch: str) -> None:
+    def delete(tables: CatalogTables, branch: str) -> None:
         tables.meta.load_table(ident).delete(cond, branch=branch)
     return delete

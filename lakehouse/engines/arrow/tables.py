@@ -27,7 +27,7 @@ from lakehouse.engines.types import (
     iceberg_to_spark,
     spark_type_to_iceberg,
 )
-from lakehouse.iceberg import MAIN, IcebergTables, WriteResult, retry_metadata_commit
+from lakehouse.iceberg import MAIN, CatalogTables, WriteResult, retry_metadata_commit
 
 if TYPE_CHECKING:
     from lakehouse.metadata.model import Target
@@ -82,13 +82,14 @@ class _Transaction(Transaction):
         return result
 
 
-class ArrowTables(IcebergTables):
-    """The platform's tables with writes and branch operations through PyIceberg: nothing here
-    starts a JVM (metadata reads were PyIceberg's already). Spark stays reachable, lazily, for the
-    rare shared paths that need it (an orphan-file sweep)."""
+class ArrowTables(CatalogTables):
+    """The platform's tables with writes and branch operations through PyIceberg, the metadata
+    reads `CatalogTables`' (PyIceberg too): nothing here starts a JVM. The one shared path that
+    needs Spark, Iceberg's orphan-file action, takes the platform's Spark tables
+    (lakehouse.branches.remove_orphan_files)."""
 
     def __init__(self, platform: Platform):
-        super().__init__(platform.spark, platform.settings.catalog_name, platform.pyiceberg_catalog())
+        super().__init__(platform.settings.catalog_name, platform.pyiceberg_catalog())
 
     def ensure_namespace(self, ns: str) -> None:
         try:
