@@ -12,7 +12,7 @@ target's `engine: spark` on one side and `engine: arrow` on the other. Sides alt
 round and the order flips every round; each run gets a new home, so nothing is cached between
 them. Prints every run, then per size the median seconds, the ratio Spark / Arrow (goal: >= 5 for
 up to 100k rows), the input bytes, and the crossover: the largest input at which Arrow is still
-faster, which is what `engine.arrow_max_bytes` (lakehouse.engine.DEFAULT_ARROW_MAX_BYTES) should
+faster, which is what `engine.arrow_max_bytes` (lakehouse.engines.choice.DEFAULT_ARROW_MAX_BYTES) should
 be at most. The load average goes with the numbers (2 shared cores: read the ratios), and so does
 the CPU time of each run's process (user + system, of it and the children it reaped): under
 contention a many-threaded JVM gets a bigger share of the cores than the mostly single-threaded

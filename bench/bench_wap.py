@@ -89,7 +89,7 @@ def _instrument() -> dict[str, list[float]]:
     from collections import defaultdict
 
     from lakehouse import wap_service
-    from lakehouse.validation.wap import AuditedWrite
+    from lakehouse.engines.spark.write import SparkAuditedWrite as AuditedWrite
     from lakehouse.wap_service import WriteAuditPublish
 
     phases: dict[str, list[float]] = defaultdict(list)

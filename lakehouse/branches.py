@@ -38,7 +38,7 @@ from lakehouse.iceberg import MAIN
 from lakehouse.metadata.schema import kept_branches, orphan_sweeps
 
 if TYPE_CHECKING:
-    from lakehouse.iceberg import IcebergTables
+    from lakehouse.iceberg import CatalogTables
     from lakehouse.metadata.model import MetadataCatalog, Target
     from lakehouse.platform import Platform
 
@@ -114,7 +114,7 @@ class BranchState:
     added_records: str = ""
 
 
-def branch_states(platform: Platform, tables: IcebergTables, ident: str, *, lease_table: str | None = None,
+def branch_states(platform: Platform, tables: CatalogTables, ident: str, *, lease_table: str | None = None,
                   retention: float, own: str | None = None, now: float | None = None) -> list[BranchState]:
     """Every branch of `ident` but main, with what should happen to it."""
     if not tables.exists(ident):
@@ -152,7 +152,7 @@ def branch_states(platform: Platform, tables: IcebergTables, ident: str, *, leas
 # --------------------------------------------------------------------------- dropping
 
 
-def drop_branch_and_commits(tables: IcebergTables, ident: str, branch: str) -> int:
+def drop_branch_and_commits(tables: CatalogTables, ident: str, branch: str) -> int:
     """Drop `branch` and expire the snapshots only it referenced; Iceberg deletes the files only
     those snapshots referenced (data files published elsewhere stay). Returns snapshots expired."""
     from lakehouse.iceberg import _walk_parents, retry_metadata_commit
@@ -178,7 +178,7 @@ def drop_branch_and_commits(tables: IcebergTables, ident: str, branch: str) -> i
     return len(exclusive)
 
 
-def _publish_dead_quarantine(platform: Platform, tables: IcebergTables, q_ident: str, data_ident: str,
+def _publish_dead_quarantine(platform: Platform, tables: CatalogTables, q_ident: str, data_ident: str,
                              st: BranchState) -> bool:
     """A dead run's quarantine branch whose data reached main: finish its publish. True if published."""
     from lakehouse.publish import chain, publish_branch
@@ -199,7 +199,7 @@ def _publish_dead_quarantine(platform: Platform, tables: IcebergTables, q_ident:
     return False
 
 
-def tidy_table(platform: Platform, tables: IcebergTables, ident: str, *, retention: float,
+def tidy_table(platform: Platform, tables: CatalogTables, ident: str, *, retention: float,
                lease_table: str | None = None, data_ident: str | None = None, own: str | None = None,
                reason: str = "") -> list[BranchState]:
     """Drop the dead runs' and expired failed audits' branches of `ident`. With `data_ident`,
@@ -246,7 +246,7 @@ def due_sweeps(platform: Platform, ident: str | None = None, now: float | None =
         return [dict(r) for r in conn.execute(q).mappings()]
 
 
-def remove_orphan_files(platform: Platform, tables: IcebergTables, ident: str, *, min_age_s: float,
+def remove_orphan_files(platform: Platform, tables: CatalogTables, ident: str, *, min_age_s: float,
                         lease_table: str | None = None, own_run: str | None = None) -> list[str] | None:
     """Iceberg's orphan-file removal for files older than `min_age_s`; None (nothing done) while
     another live run holds a lease on the table, since its uncommitted files look like orphans."""
@@ -257,18 +257,22 @@ def remove_orphan_files(platform: Platform, tables: IcebergTables, ident: str, *
         return None
     if not tables.exists(ident):
         return []
-    spark = tables.spark
+    from lakehouse.iceberg import IcebergTables
+
+    # Iceberg's orphan-file action runs on Spark: the Arrow engine's tables hand it to Spark's
+    spark_tables = tables if isinstance(tables, IcebergTables) else platform.tables()
+    spark = spark_tables.spark
     older_than = int((time.time() - min_age_s) * 1000)
     result = pyspark_compat.jvm(spark).org.apache.iceberg.spark.actions.SparkActions.get(
         pyspark_compat.java_session(spark)) \
-        .deleteOrphanFiles(tables.java_table(ident)).olderThan(older_than).execute()
+        .deleteOrphanFiles(spark_tables.java_table(ident)).olderThan(older_than).execute()
     removed = [str(p) for p in result.orphanFileLocations()]
     if removed:
         log.warning("%s: removed %d orphan file(s) older than %.1fh", ident, len(removed), min_age_s / 3600)
     return removed
 
 
-def run_due_sweeps(platform: Platform, tables: IcebergTables, catalog: MetadataCatalog, ident: str,
+def run_due_sweeps(platform: Platform, tables: CatalogTables, catalog: MetadataCatalog, ident: str,
                    own_run: str | None = None) -> dict[str, int]:
     out = {}
     for sweep in due_sweeps(platform, ident):
@@ -285,7 +289,7 @@ def run_due_sweeps(platform: Platform, tables: IcebergTables, catalog: MetadataC
 # --------------------------------------------------------------------------- a stage's tidy-up
 
 
-def tidy_before_write(platform: Platform, tables: IcebergTables, catalog: MetadataCatalog, ident: str,
+def tidy_before_write(platform: Platform, tables: CatalogTables, catalog: MetadataCatalog, ident: str,
                       run_id: str, related: tuple[str, ...] = (), target: Target | None = None) -> dict:
     """Before a run writes `ident`: drop what dead runs and expired audits left on it and on its
     `related` tables (the quarantine table), schedule / run the orphan-file sweep. Under the
@@ -315,7 +319,7 @@ def tidy_before_write(platform: Platform, tables: IcebergTables, catalog: Metada
             **({"orphan_files_removed": sum(swept.values())} if swept else {})}
 
 
-def prune(platform: Platform, tables: IcebergTables, catalog: MetadataCatalog, idents: list[str] | None = None,
+def prune(platform: Platform, tables: CatalogTables, catalog: MetadataCatalog, idents: list[str] | None = None,
           orphans: bool = False, orphan_min_age_hours: float | None = None) -> list[dict]:
     """`lakehouse branches prune`: for every Iceberg target (or the given tables) and its
     quarantine table, drop dead runs' and expired failed audits' branches; with `orphans`, also

@@ -21,7 +21,12 @@ from typing import TYPE_CHECKING, Any
 from lakehouse.metadata.model import MetadataCatalog, Pipeline, Rule, Source, Stage, Target
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
+
+    #: a batch's rows in the frame of the engine that read them (lakehouse.engines): a Spark
+    #: DataFrame, or a pyarrow Table on the Arrow engine
+    Frame = DataFrame | pa.Table
 
     from lakehouse.iceberg import WriteResult, WriteSpec
     from lakehouse.metadata.derive import StageDerivation
@@ -90,13 +95,18 @@ class NoRecoveryPath(RuntimeError):
 
 @dataclass
 class Batch:
-    """One Iceberg commit's worth of input."""
+    """One Iceberg commit's worth of input, as the frame of the engine that reads it (`engine`)."""
 
-    df: DataFrame
+    df: Frame
     snapshot_properties: dict[str, str] = field(default_factory=dict)
     files: list[FileRef] = field(default_factory=list)
     label: str = ""
     write: WriteSpec | None = None  # how this batch is written when not by the target's write_mode
+
+    @property
+    def engine(self) -> str:
+        """The engine whose frame `df` is: `arrow` (a pyarrow Table) or `spark` (a Spark DataFrame)."""
+        return "arrow" if type(self.df).__module__.startswith("pyarrow") else "spark"
 
 
 @dataclass

@@ -123,7 +123,7 @@ class LoadResult:
     records_quarantined: int = 0  # raw_record over the application's max_record_bytes
     skipped_reason: str | None = None  # a source/target kill switch stopped the load: nothing published
     checks: list = field(default_factory=list)  # the rules' outcomes (lakehouse.validation.rules.CheckOutcome)
-    engine: str | None = None  # spark | arrow: what read the files and wrote the table (lakehouse.engine)
+    engine: str | None = None  # spark | arrow: what read the files and wrote the table (lakehouse.engines.choice)
     engine_reason: str | None = None
 
     def metadata(self) -> dict[str, Any]:
@@ -394,10 +394,10 @@ def load(platform: Platform, request: LoadRequest | dict, run_id: str | None = N
         c = contexts[f.key]
         groups.setdefault((c["typename"], c["workflow_id"], c["workflow_run_id"], c["connection_qualified_name"]),
                           []).append(f)
-    from lakehouse import engine as engines
+    from lakehouse.engines import choice as engine_choice
 
     rules = catalog.rule_set(app.validation_set_id).rules if app.validation_set_id else []
-    choice = engines.choose_for_application(catalog, app, rules, sum(f.size for f in good))
+    choice = engine_choice.choose_for_application(catalog, app, rules, sum(f.size for f in good))
     result.engine, result.engine_reason = choice.engine, choice.reason
     if choice.engine == "arrow":
         superseded = _load_arrow(platform, app, request, catalog, groups, good, checked, ck, result, since,
@@ -442,8 +442,8 @@ def _load_arrow(platform: Platform, app: Application, request: LoadRequest, cata
     """The files to entity_raw rows with pyarrow, capped, committed by the Arrow engine (no JVM)."""
     import pyarrow as pa
 
-    from lakehouse import engine as engines
-    from lakehouse import entity_raw_arrow
+    from lakehouse.engines import engine_for
+    from lakehouse.engines.arrow import entity_raw as entity_raw_arrow
 
     parts = []
     for (typename, wf, wfr, cqn), fs in sorted(groups.items()):
@@ -459,7 +459,7 @@ def _load_arrow(platform: Platform, app: Application, request: LoadRequest, cata
     table, result.records_quarantined = entity_raw_arrow.apply_cap(platform, ident, pa.concat_tables(parts), good,
                                                                    app.max_record_bytes, result.run_id)
     ctx = write_context(platform, app, result.run_id, catalog)
-    return _commit(platform, ctx, table, request, groups, checked, ck, result, since, engine=engines.engine_for(choice))
+    return _commit(platform, ctx, table, request, groups, checked, ck, result, since, engine=engine_for(choice))
 
 
 def _finish(platform: Platform, request: LoadRequest, run_id: str, ident: str, superseded, result: LoadResult,
@@ -543,7 +543,7 @@ def _commit(platform: Platform, ctx: StageContext, df: DataFrame, request: LoadR
     delete = None
     if request.mode == "UPSERT":
         if arrow:
-            from lakehouse import entity_raw_arrow
+            from lakehouse.engines.arrow import entity_raw as entity_raw_arrow
 
             delete = entity_raw_arrow.upsert_delete(ident, request.tenant_id, sorted({(g[3], g[0]) for g in groups}))
         else:

@@ -99,27 +99,129 @@ class WriteSpec:
     prune: str | None = None
 
 
-class IcebergTables:
-    """Thin, explicit wrapper over Spark's Iceberg catalog for one catalog name.
+class CatalogTables:
+    """One catalog's tables as PyIceberg reads their metadata (existence, refs, snapshot summaries,
+    data files): what every engine's tables handle shares, engine-neutral. An engine adds the
+    writes and the branch and schema operations (`ensure_namespace`, `ensure_table`,
+    `add_missing_columns`, `create_branch`, `drop_branch`, `expire_snapshots`, `refresh_table`,
+    `write`): `IcebergTables` through Spark, `lakehouse.engines.arrow.tables.ArrowTables` through
+    PyIceberg."""
+
+    def __init__(self, catalog: str, meta_catalog: Any | None = None):
+        self.catalog = catalog
+        self.meta = meta_catalog
+
+    def _meta_table(self, identifier: str):
+        return self.meta.load_table(identifier)
+
+    @_rides_out
+    def exists(self, identifier: str) -> bool:
+        return self.meta.table_exists(identifier)
+
+    @_rides_out
+    def refs(self, identifier: str) -> dict[str, int]:
+        return _ref_ids(self._meta_table(identifier).metadata)
+
+    @_rides_out
+    def refs_if_exists(self, identifier: str) -> dict[str, int] | None:
+        """`refs`, or None when the table does not exist: one metadata load for both questions."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            table = self._meta_table(identifier)
+        except NoSuchTableError:
+            return None
+        return _ref_ids(table.metadata)
+
+    def snapshot_id(self, identifier: str, branch: str = MAIN) -> int | None:
+        return self.refs(identifier).get(branch)
+
+    @_rides_out
+    def snapshot_summary(self, identifier: str, snapshot_id: int) -> dict[str, str]:
+        return _summary_of(self._meta_table(identifier).metadata, snapshot_id)
+
+    @_rides_out
+    def _new_head(self, identifier: str, branch: str, before: int | None) -> tuple[int | None, dict[str, str]]:
+        """The branch's snapshot after a write and, when the write moved it, that snapshot's summary
+        (one metadata load for both)."""
+        metadata = self._meta_table(identifier).metadata
+        ref = metadata.refs.get(branch)
+        after = ref.snapshot_id if ref is not None else None
+        return after, (_summary_of(metadata, after) if after is not None and after != before else {})
+
+    @_rides_out
+    def ancestors(self, identifier: str, snapshot_id: int | None) -> list[int]:
+        """Snapshot ids from `snapshot_id` back to the first, via parent links."""
+        if snapshot_id is None:
+            return []
+        snaps = self._meta_table(identifier).metadata.snapshots
+        return _walk_parents({sn.snapshot_id: sn.parent_snapshot_id for sn in snaps}, snapshot_id)
+
+    @_rides_out
+    def data_files(self, identifier: str, head: int, since: int | None = None):
+        """(PyIceberg schema, live data files) of snapshot `head`: those added after snapshot
+        `since` when given (an append-only branch: `since` is where it forked), else all of them.
+
+        Read from the manifests with PyIceberg, no Spark job. None without a PyIceberg catalog,
+        when `since` is not an ancestor of `head`, or when delete files may hide rows of the
+        files (their statistics would count deleted rows)."""
+        if self.meta is None:
+            return None
+        from pyiceberg.manifest import ManifestContent
+
+        table = self._meta_table(identifier)
+        snap = table.metadata.snapshot_by_id(int(head))
+        if snap is None:
+            return None
+        ours = None
+        if since is not None:
+            chain = _walk_parents({sn.snapshot_id: sn.parent_snapshot_id for sn in table.metadata.snapshots},
+                                  int(head))
+            if since not in chain:
+                return None
+            ours = set(chain[:chain.index(since)])
+        files = []
+        for manifest in snap.manifests(table.io):
+            if manifest.content != ManifestContent.DATA:
+                # older deletes never touch files added after them (equality deletes apply to
+                # lower sequence numbers, position deletes name existing files)
+                if (ours is None or manifest.added_snapshot_id in ours) and \
+                        (manifest.has_added_files() or manifest.has_existing_files()):
+                    return None
+                continue
+            if ours is not None and manifest.added_snapshot_id not in ours:
+                continue
+            files += [e.data_file for e in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+                      if ours is None or e.snapshot_id in ours]
+        return table.schema(), files
+
+    @property
+    def catalog_label(self) -> str:
+        """host:port/db of the catalog database (never credentials), for outage messages."""
+        from lakehouse.outage import describe_url
+
+        engine = getattr(self.meta, "engine", None)
+        return describe_url(engine.url.render_as_string(hide_password=True)) if engine is not None else self.catalog
+
+
+class IcebergTables(CatalogTables):
+    """Thin, explicit wrapper over Spark's Iceberg catalog for one catalog name: the Spark engine's
+    tables handle (lakehouse.engines.spark).
 
     Data goes through Spark; table *metadata* (existence, refs, snapshot summaries) is read with
-    PyIceberg when a PyIceberg catalog for the same catalog is given, which costs milliseconds
-    instead of a Spark job per question.
+    PyIceberg (`CatalogTables`) when a PyIceberg catalog for the same catalog is given, which costs
+    milliseconds instead of a Spark job per question; without one, Spark's metadata tables answer.
     """
 
     def __init__(self, spark: SparkSession | Callable[[], SparkSession], catalog: str, meta_catalog: Any | None = None):
+        super().__init__(catalog, meta_catalog)
         self._spark = spark  # or a function giving it: metadata questions then need no JVM at all
-        self.catalog = catalog
-        self.meta = meta_catalog
 
     @property
     def spark(self) -> SparkSession:
         if callable(self._spark):
             self._spark = self._spark()
         return self._spark
-
-    def _meta_table(self, identifier: str):
-        return self.meta.load_table(identifier)
 
     # ------------------------------------------------------------------ names
     def qualified(self, identifier: str, branch: str | None = None) -> str:
@@ -134,10 +236,11 @@ class IcebergTables:
         return f"{quote(self.catalog)}.{quote(ns)}.{quote(tbl)}.{quote(which)}"
 
     # ------------------------------------------------------------------ DDL
-    @_rides_out
     def exists(self, identifier: str) -> bool:
-        if self.meta is not None:
-            return self.meta.table_exists(identifier)
+        return super().exists(identifier) if self.meta is not None else self._exists_by_spark(identifier)
+
+    @_rides_out
+    def _exists_by_spark(self, identifier: str) -> bool:
         ns, tbl = identifier.split(".", 1)
         return bool(
             self.spark.sql(f"SHOW TABLES IN {quote(self.catalog)}.{quote(ns)} LIKE {sql_string(tbl)}").count()
@@ -215,100 +318,48 @@ class IcebergTables:
         return added
 
     # ------------------------------------------------------------------ snapshots and refs
-    @_rides_out
     def refs(self, identifier: str) -> dict[str, int]:
-        if self.meta is not None:
-            return _ref_ids(self._meta_table(identifier).metadata)
+        return super().refs(identifier) if self.meta is not None else self._refs_by_spark(identifier)
+
+    @_rides_out
+    def _refs_by_spark(self, identifier: str) -> dict[str, int]:
         rows = self.spark.sql(f"SELECT name, snapshot_id FROM {self.metadata_table(identifier, 'refs')}").collect()
         return {r["name"]: r["snapshot_id"] for r in rows}
 
-    @_rides_out
     def refs_if_exists(self, identifier: str) -> dict[str, int] | None:
-        """`refs`, or None when the table does not exist: one metadata load for both questions."""
         if self.meta is None:
             return self.refs(identifier) if self.exists(identifier) else None
-        from pyiceberg.exceptions import NoSuchTableError
+        return super().refs_if_exists(identifier)
 
-        try:
-            table = self._meta_table(identifier)
-        except NoSuchTableError:
-            return None
-        return _ref_ids(table.metadata)
-
-    def snapshot_id(self, identifier: str, branch: str = MAIN) -> int | None:
-        return self.refs(identifier).get(branch)
-
-    @_rides_out
     def snapshot_summary(self, identifier: str, snapshot_id: int) -> dict[str, str]:
         if self.meta is not None:
-            return _summary_of(self._meta_table(identifier).metadata, snapshot_id)
+            return super().snapshot_summary(identifier, snapshot_id)
+        return self._summary_by_spark(identifier, snapshot_id)
+
+    @_rides_out
+    def _summary_by_spark(self, identifier: str, snapshot_id: int) -> dict[str, str]:
         rows = self.spark.sql(
             f"SELECT summary FROM {self.metadata_table(identifier, 'snapshots')} WHERE snapshot_id = {int(snapshot_id)}"
         ).collect()
         return dict(rows[0]["summary"]) if rows else {}
 
-    @_rides_out
     def _new_head(self, identifier: str, branch: str, before: int | None) -> tuple[int | None, dict[str, str]]:
-        """The branch's snapshot after a write and, when the write moved it, that snapshot's summary
-        (one metadata load for both)."""
-        if self.meta is None:
-            after = self.snapshot_id(identifier, branch)
-            return after, (self.snapshot_summary(identifier, after) if after is not None and after != before else {})
-        metadata = self._meta_table(identifier).metadata
-        ref = metadata.refs.get(branch)
-        after = ref.snapshot_id if ref is not None else None
-        return after, (_summary_of(metadata, after) if after is not None and after != before else {})
+        if self.meta is not None:
+            return super()._new_head(identifier, branch, before)
+        after = self.snapshot_id(identifier, branch)
+        return after, (self.snapshot_summary(identifier, after) if after is not None and after != before else {})
+
+    def ancestors(self, identifier: str, snapshot_id: int | None) -> list[int]:
+        if snapshot_id is None or self.meta is not None:
+            return super().ancestors(identifier, snapshot_id)
+        return self._ancestors_by_spark(identifier, snapshot_id)
 
     @_rides_out
-    def ancestors(self, identifier: str, snapshot_id: int | None) -> list[int]:
-        """Snapshot ids from `snapshot_id` back to the first, via parent links."""
-        if snapshot_id is None:
-            return []
-        if self.meta is not None:
-            snaps = self._meta_table(identifier).metadata.snapshots
-            return _walk_parents({sn.snapshot_id: sn.parent_snapshot_id for sn in snaps}, snapshot_id)
+    def _ancestors_by_spark(self, identifier: str, snapshot_id: int) -> list[int]:
         rows = self.spark.sql(
             f"SELECT snapshot_id, parent_id FROM {self.metadata_table(identifier, 'snapshots')}"
         ).collect()
         return _walk_parents({r["snapshot_id"]: r["parent_id"] for r in rows}, snapshot_id)
-
-    @_rides_out
-    def data_files(self, identifier: str, head: int, since: int | None = None):
-        """(PyIceberg schema, live data files) of snapshot `head`: those added after snapshot
-        `since` when given (an append-only branch: `since` is where it forked), else all of them.
-
-        Read from the manifests with PyIceberg, no Spark job. None without a PyIceberg catalog,
-        when `since` is not an ancestor of `head`, or when delete files may hide rows of the
-        files (their statistics would count deleted rows)."""
-        if self.meta is None:
-            return None
-        from pyiceberg.manifest import ManifestContent
-
-        table = self._meta_table(identifier)
-        snap = table.metadata.snapshot_by_id(int(head))
-        if snap is None:
-            return None
-        ours = None
-        if since is not None:
-            chain = _walk_parents({sn.snapshot_id: sn.parent_snapshot_id for sn in table.metadata.snapshots},
-                                  int(head))
-            if since not in chain:
-                return None
-            ours = set(chain[:chain.index(since)])
-        files = []
-        for manifest in snap.manifests(table.io):
-            if manifest.content != ManifestContent.DATA:
-                # older deletes never touch files added after them (equality deletes apply to
-                # lower sequence numbers, position deletes name existing files)
-                if (ours is None or manifest.added_snapshot_id in ours) and \
-                        (manifest.has_added_files() or manifest.has_existing_files()):
-                    return None
-                continue
-            if ours is not None and manifest.added_snapshot_id not in ours:
-                continue
-            files += [e.data_file for e in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
-                      if ours is None or e.snapshot_id in ours]
-        return table.schema(), files
 
     @_rides_out
     def create_branch(self, identifier: str, branch: str) -> None:
@@ -469,14 +520,6 @@ class IcebergTables:
             holder["result"] = action()
         return holder.get("result")
 
-    @property
-    def catalog_label(self) -> str:
-        """host:port/db of the catalog database (never credentials), for outage messages."""
-        from lakehouse.outage import describe_url
-
-        engine = getattr(self.meta, "engine", None)
-        return describe_url(engine.url.render_as_string(hide_password=True)) if engine is not None else self.catalog
-
 
 def _ref_ids(metadata) -> dict[str, int]:
     """branch or tag name -> snapshot id, from PyIceberg table metadata."""
@@ -509,7 +552,7 @@ def _publish_lock(catalog: str, identifier: str):
         return _PUBLISH_LOCKS.setdefault((catalog, identifier.lower()), threading.RLock())
 
 
-def retry_metadata_commit(tables: IcebergTables, identifier: str, action):
+def retry_metadata_commit(tables: CatalogTables, identifier: str, action):
     """Run a small metadata commit (create/drop branch, create table) that Iceberg does not retry
     itself: serialized per table in this process, repeated on a commit conflict or a busy catalog
     (retry.METADATA_COMMIT) against the table as it is now."""

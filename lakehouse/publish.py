@@ -188,7 +188,9 @@ def _appends_only(snaps: Iterable) -> bool:
 def _fast_forward(table, branch: str, main: int | None, head: int) -> None:
     """main := head and drop the branch, requiring main = `main` and branch = `head`: one commit
     (snapshot-ref changes only: PyIceberg never retries those)."""
-    ms = table.manage_snapshots()
+    from pyiceberg.table.update.snapshot import ManageSnapshots
+
+    ms = ManageSnapshots(pyiceberg_compat.memo_transaction(table, autocommit=True))
     ms = ms.create_branch(head, MAIN) if main is None else pyiceberg_compat.hold_ref(ms, table.metadata, MAIN, head)
     ms.remove_branch(branch).commit()
 
@@ -198,7 +200,7 @@ def _rebase(table, branch: str, main: int, head: int, ours: list, data_files: li
     and its own snapshots; requiring main = `main` and branch = `head`: one commit."""
     from pyiceberg.table.update.snapshot import ExpireSnapshots, ManageSnapshots
 
-    txn = pyiceberg_compat.no_retry(table).transaction()
+    txn = pyiceberg_compat.memo_transaction(pyiceberg_compat.no_retry(table))
     pyiceberg_compat.hold_ref(ManageSnapshots(txn), table.metadata, MAIN).remove_branch(branch).commit()
     with txn.update_snapshot(snapshot_properties=_props_of(ours, token)).fast_append() as append:
         for f in data_files:

@@ -12,7 +12,7 @@ Each probe keeps its answer, no pandas, and does not ask again. While pandas is 
 object can be a pandas object, so the answers are right. One more answer follows from them: a
 nanosecond timestamp's or duration's `as_py()` is a datetime / timedelta (an error if that would
 drop nanoseconds), not a pandas Timestamp / Timedelta; the platform reads no nanosecond timestamps
-(lakehouse.arrow_engine.arrow_to_spark refuses them, as Spark does). If something DOES import
+(lakehouse.engines.types.arrow_to_spark refuses them, as Spark does). If something DOES import
 pandas later in the process (tests/test_pyarrow_probes.py):
 
 - `Table.to_pandas()` and `Table.from_pandas(df)` still work: the shim retries the import on a
@@ -24,7 +24,7 @@ pandas later in the process (tests/test_pyarrow_probes.py):
   nanoseconds are dropped).
 
 So it is for a process that surely never mixes pandas and pyarrow: `lakehouse run`'s own process
-when `lakehouse.engine.may_need_spark` says no (every stage is one the Arrow engine writes: no
+when `lakehouse.engines.choice.may_need_spark` says no (every stage is one the Arrow engine writes: no
 SQL stage, whose DuckDB side converts through pandas, no Python stage, no other source). An
 `auto` stage whose input turns out too big is written by Spark after all, whose driver in this
 platform hands pyarrow no pandas objects either (lakehouse.sources.duckdb_sql is the only place

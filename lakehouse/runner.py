@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lakehouse import coordination
-from lakehouse import engine as engines
 from lakehouse.control import faults
 from lakehouse.control.deadline import guard_step
 from lakehouse.control.healing import run_with_healing
@@ -32,6 +31,9 @@ from lakehouse.core import (
     StageDisabled,
     StageOutcome,
 )
+from lakehouse.engines import choice as engine_choice
+from lakehouse.engines import engine_for
+from lakehouse.engines.spark import SparkEngine
 from lakehouse.export.warehouse import export_after_publish
 from lakehouse.iceberg import MAIN, branch_name_for_run
 from lakehouse.lineage.background import emit_stage_run
@@ -51,12 +53,12 @@ log = logging.getLogger(__name__)
 class StagedLoad:
     """A stage's load between its audit and its publish (`StageRunner.write_and_audit` → `publish`):
     `audited` None when there is nothing to publish (skipped; `outcome` says why); `engine` the one
-    that wrote it (lakehouse.engine), which also writes a remainder."""
+    that wrote it (lakehouse.engines.choice), which also writes a remainder."""
 
     plan: ExtractPlan
     outcome: StageOutcome
     audited: Audited | None = None
-    engine: Any = field(default_factory=engines.SparkEngine)
+    engine: Any = field(default_factory=SparkEngine)
 
 
 class StageRunner(StageContext):
@@ -161,8 +163,8 @@ class StageRunner(StageContext):
 
     def _stage(self, plan: ExtractPlan) -> StagedLoad:
         t0 = time.monotonic()
-        choice = engines.choose(self, plan)  # Spark, or PyIceberg + Arrow (no JVM) for small file loads
-        engine = engines.engine_for(choice)
+        choice = engine_choice.choose(self, plan)  # Spark, or PyIceberg + Arrow (no JVM) for small file loads
+        engine = engine_for(choice)
         tables = engine.tables(self.platform)
         branch = branch_name_for_run(self.run_id)
         outcome = StageOutcome(self.stage.pipeline_id, self.stage.stage_name, self.target, False, branch)

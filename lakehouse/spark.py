@@ -278,7 +278,7 @@ def start_early(argv: list[str], settings_of: Callable[[], Settings]) -> threadi
     """`lakehouse run <pipeline>`'s JVM, launched before the command line's own imports (the
     metadata model, SQLAlchemy, the control DB: ~0.7 s, then Dagster) when the run surely needs
     Spark: the pipeline has a Python stage or a SQL stage on Spark SQL (the Arrow engine writes
-    neither, so the run's own decision, `lakehouse.engine.may_need_spark`, says the same; a DuckDB
+    neither, so the run's own decision, `lakehouse.engines.choice.may_need_spark`, says the same; a DuckDB
     SQL stage may run without a JVM, and is left to that decision). Decided from the embedded
     control DB with the standard library's sqlite3 and nothing else; any doubt (another database,
     no such file or table, another command, LAKEHOUSE_SPARK_WARMUP=0) starts nothing here and

@@ -6,7 +6,7 @@ stream of `Batch`es. For each of them the same guarantees hold, in this order:
 
 1. each batch is one commit on the run's audit branch `audit_<run_id>` (its file checkpoints ride
    in the snapshot summary), after the source/target throttles; rows failing a quarantine rule go
-   to the quarantine table's branch (`lakehouse.validation.wap.AuditedWrite` does the writing);
+   to the quarantine table's branch (the engine's write session, a `lakehouse.engines.audited.BranchWrite`, does the writing);
 2. the rules run on the branch; a failed blocking rule keeps the branch and raises `AuditFailed`
    (steps 1–2 are `write_and_audit`, 3–4 `publish`: a caller may report the rules in between, as
    the Dagster load op does before its output reaches the IO manager that publishes it);
@@ -15,7 +15,7 @@ stream of `Batch`es. For each of them the same guarantees hold, in this order:
 4. the publish is exactly once (`lakehouse.publish`): input another run already put on main is
    cut off and only the rest is written again (`write_exactly_once`), or nothing is published.
 
-The engine (lakehouse.engine: Spark, or PyIceberg + Arrow without a JVM) supplies the tables
+The engine (lakehouse.engines.choice: Spark, or PyIceberg + Arrow without a JVM) supplies the tables
 handle and the write/audit session; everything above stays the same for both.
 
 It knows the step only as a `StageContext` (the run, stage, source, target, rules and audit sink),
@@ -36,8 +36,8 @@ from lakehouse.control import faults
 from lakehouse.control.flags import dataset_gate
 from lakehouse.control.healing import run_with_healing
 from lakehouse.core import AuditFailed, Batch, DatasetDisabled, ExtractPlan, StageContext, StageDisabled, StageOutcome
-from lakehouse.engine import SparkEngine
-from lakehouse.iceberg import IcebergTables, branch_name_for_run
+from lakehouse.engines.spark import SparkEngine
+from lakehouse.iceberg import CatalogTables, branch_name_for_run
 from lakehouse.publish import Superseded, remainder_plan
 from lakehouse.throughput.ratelimit import StageThrottle
 from lakehouse.validation import history
@@ -45,7 +45,7 @@ from lakehouse.validation.quarantine import quarantine_identifier
 from lakehouse.validation.rules import CheckOutcome
 
 if TYPE_CHECKING:
-    from lakehouse.validation.wap import AuditedWrite
+    from lakehouse.engines.audited import BranchWrite
 
 #: how often one load writes the remainder again when other runs keep publishing the same input
 MAX_REWRITES = 8
@@ -56,7 +56,7 @@ class Audited:
     """A write that passed its audit and awaits `WriteAuditPublish.publish`: its branch session
     (None: nothing was written, the outcome says why) and the outcome so far."""
 
-    session: AuditedWrite | None
+    session: BranchWrite | None
     outcome: StageOutcome
     started: float
 
@@ -92,11 +92,11 @@ class WriteAuditPublish:
     that table). `prepare_branch(tables, branch)`: runs once the audit branch exists, before the
     first batch (entity_raw's UPSERT deletes the rows it replaces there); a write that prepares
     its branch replaces data, so its publish never rebases. `engine`: what writes and audits
-    (lakehouse.engine.SparkEngine by default, or lakehouse.arrow_engine.ArrowEngine).
+    (lakehouse.engines.spark.SparkEngine by default, or lakehouse.engines.arrow.ArrowEngine).
     """
 
     def __init__(self, ctx: StageContext, *, quarantine: bool = True,
-                 prepare_branch: Callable[[IcebergTables, str], None] | None = None, engine=None):
+                 prepare_branch: Callable[[CatalogTables, str], None] | None = None, engine=None):
         self.ctx = ctx
         self.quarantine = quarantine
         self.prepare_branch = prepare_branch
@@ -104,7 +104,7 @@ class WriteAuditPublish:
         self.engine = engine if engine is not None else SparkEngine()
 
     # ------------------------------------------------------------------ branches
-    def tidy_branches(self, tables: IcebergTables) -> dict:
+    def tidy_branches(self, tables: CatalogTables) -> dict:
         """Branches of dead runs and expired failed audits go before this run writes (lakehouse.branches)."""
         ctx = self.ctx
         coordination.hold_lease(ctx.platform, ctx.run_id, ctx.target.identifier)

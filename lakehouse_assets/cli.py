@@ -14,7 +14,7 @@ import sys
 from lakehouse.alerts import run_finished
 from lakehouse.cli import _env_flag as env_flag
 from lakehouse.dagster_runs import failure_summary
-from lakehouse.engine import may_need_spark
+from lakehouse.engines.choice import may_need_spark
 from lakehouse.lineage.background import in_background as lineage_in_background
 from lakehouse.metadata.derived import read_structure
 from lakehouse.platform import Platform
@@ -42,7 +42,7 @@ def cmd_run(args) -> int:
         # a hand-written script's); with LAKEHOUSE_SPARK_WARMUP=0 it starts only when a step needs
         # it (a run with nothing to load, e.g. one of several concurrent runs whose files others
         # claimed, then never starts one). A pipeline the Arrow engine writes whole
-        # (lakehouse.engine) starts none.
+        # (lakehouse.engines.choice) starts none.
         platform.warm_spark()
     # Dagster is imported here, not when the parser is built: every other command starts without it
     from lakehouse.throughput.dagster_storage import keep_open

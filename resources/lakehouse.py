@@ -70,7 +70,7 @@ class LakehouseResource(dg.ConfigurableResource):
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         """A run the UI, a sensor or a schedule launched starts its JVM here, once per run before its
-        first step, when a selected stage may need Spark (`lakehouse.engine.stages_may_need_spark`):
+        first step, when a selected stage may need Spark (`lakehouse.engines.choice.stages_may_need_spark`):
         the JVM then starts on the other core while Dagster sets the steps up and an Arrow load runs,
         as `lakehouse run` launches its own before its imports (lakehouse_assets/cli.py). A run of
         Arrow-only stages starts none; LAKEHOUSE_SPARK_WARMUP=0 leaves the start to the first step
@@ -78,7 +78,7 @@ class LakehouseResource(dg.ConfigurableResource):
         run = context.dagster_run
         if run is None or not run.asset_selection or not env_flag("LAKEHOUSE_SPARK_WARMUP", True):
             return
-        from lakehouse.engine import stages_may_need_spark
+        from lakehouse.engines.choice import stages_may_need_spark
         from lakehouse.spark import started_or_starting
 
         if started_or_starting():

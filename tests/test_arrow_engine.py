@@ -1,4 +1,4 @@
-"""The Arrow engine (lakehouse.arrow_engine): write-audit-publish of small file loads with PyIceberg
+"""The Arrow engine (lakehouse.engines.arrow): write-audit-publish of small file loads with PyIceberg
 and pyarrow, without a JVM. These tests are the fast lane's: the autouse guard in conftest fails
 any of them that starts one, so "no JVM" is checked, not hoped for."""
 
@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pyarrow as pa
 import pytest
 
-from lakehouse import engine as engines
 from lakehouse.core import AuditFailed, ExtractPlan, FileRef
+from lakehouse.engines import choice as engines
 from lakehouse.metadata.loader import MetadataError, load_metadata
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.platform import Platform
@@ -232,14 +233,11 @@ def test_a_large_jsonl_file_is_read_in_parallel_blocks_and_a_line_longer_than_a_
     the one a single block gives. A block holds at least two of the file's longest line, as the
     probe's: pyarrow refuses a line straddling two block boundaries (and can abort the process
     while doing so), so a file with a 3 MB line reads as before."""
-    from pyspark.sql import types as T
-
-    from lakehouse.arrow_engine import READ_BLOCK_BYTES, _read_file
+    from lakehouse.engines.arrow.read import READ_BLOCK_BYTES, _read_file
     from lakehouse.metadata.model import Source
 
     source = Source(source_id="s", kind="files", format="jsonl", path="events")
-    own = T.StructType([T.StructField("id", T.LongType()), T.StructField("note", T.StringType()),
-                        T.StructField("extra", T.StructType([T.StructField("n", T.LongType())]))])
+    own = pa.schema([("id", pa.int64()), ("note", pa.string()), ("extra", pa.struct([("n", pa.int64())]))])
     rows = [{"id": i, "note": f"row {i} " + "x" * 40, "extra": {"n": i % 7}} for i in range(40_000)]
     plain = tmp_path / "plain.jsonl"
     plain.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -271,9 +269,7 @@ def test_unique_over_one_column_counts_as_sql_unique(keys):
     the rows, the keys and the sample. NULL keys are not duplicates (SQL UNIQUE)."""
     from collections import Counter
 
-    import pyarrow as pa
-
-    from lakehouse.arrow_engine import _unique
+    from lakehouse.engines.arrow.rules import _unique
     from lakehouse.validation.rules import Rule
 
     rule = Rule(name="u", type="unique", columns=["k"])

@@ -126,7 +126,7 @@ def view_quarantine(cat, ident: str) -> dict:
 
 CHILD = """
 import sys
-from lakehouse import engine
+from lakehouse.engines import choice as engine
 from lakehouse.platform import Platform
 from lakehouse.runner import StageRunner
 

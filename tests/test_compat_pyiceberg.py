@@ -134,3 +134,29 @@ def test_why_no_retry_pyiceberg_re_applies_an_append_on_a_newer_main(catalog):
             txn.append(pa.table({"id": [5]}, schema=SCHEMA))
     assert _ids(catalog) == [0, 2, 3, 4]
     assert "commit.retry.num-retries" not in catalog.load_table(NAME).metadata.properties  # never written
+
+
+def test_a_memo_transaction_computes_the_metadata_once_per_state_and_as_pyiceberg_does(catalog, monkeypatch):
+    """PyIceberg's Transaction.table_metadata re-applies and deep-copies on every read; the memo keeps
+    it while the table's metadata and the staged updates are the same objects, and gives what
+    PyIceberg's own (uncached) computation gives. Fails if PyIceberg starts mutating either in place."""
+    from pyiceberg.table import Transaction
+
+    calls: list[int] = []
+    real = pyiceberg_compat.update_table_metadata
+    monkeypatch.setattr(pyiceberg_compat, "update_table_metadata",
+                        lambda base, ups: calls.append(len(ups)) or real(base, ups))
+    table = catalog.load_table(NAME)
+    tx = pyiceberg_compat.memo_transaction(table)
+    first = tx.table_metadata
+    assert tx.table_metadata is first and calls == [0]
+    tx.set_properties(owner="compat")  # a staged update is a new state: computed again, with it
+    staged = tx.table_metadata
+    assert staged is not first and staged.properties["owner"] == "compat" and calls == [0, 1]
+    theirs = Transaction.table_metadata.fget(tx)  # PyIceberg's own, uncached
+    assert staged.model_dump(exclude={"last_updated_ms"}) == theirs.model_dump(exclude={"last_updated_ms"})
+    with tx:
+        tx.append(pa.table({"id": [7]}, schema=SCHEMA))
+    after = catalog.load_table(NAME)
+    assert after.properties["owner"] == "compat" and _ids(catalog) == [0, 7]
+    assert len(calls) < 10, calls  # an append reads it ~15 times; computed once per state

@@ -10,8 +10,8 @@ from collections import defaultdict
 
 import pytest
 
-from lakehouse import engine as engines
 from lakehouse.core import AuditFailed
+from lakehouse.engines import choice as engines
 from lakehouse.metadata.loader import MetadataError, load_metadata
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.platform import Platform

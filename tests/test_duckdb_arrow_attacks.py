@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from lakehouse import arrow_engine
+from lakehouse.engines.arrow import rules as arrow_engine
 from lakehouse.metadata.engine_support import rule_blockers
 from lakehouse.metadata.loader import MetadataError, load_metadata
 from lakehouse.metadata.model import Rule

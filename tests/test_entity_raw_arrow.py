@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lakehouse import engine as engines
 from lakehouse import entity_raw
-from lakehouse.arrow_json import java_double, to_json_rows
 from lakehouse.core import AuditFailed
+from lakehouse.engines import choice as engines
+from lakehouse.engines.arrow.to_json import java_double, to_json_rows
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.model import Application, Rule
 from lakehouse.metadata.store import MetadataStore
@@ -132,7 +132,7 @@ def test_arrow_entity_raw_failed_audit_keeps_branch_and_never_touches_main(lake,
 def test_arrow_entity_raw_switched_off_during_the_load_publishes_nothing(lake, tmp_path, monkeypatch):
     """The kill switch read again before the publish: the target flipped off while the rows were on
     the branch drops the branch (PyIceberg: no JVM) and reports the load skipped."""
-    from lakehouse.arrow_engine import ArrowAuditedWrite
+    from lakehouse.engines.arrow.write import ArrowAuditedWrite
 
     apply(lake, tmp_path)
     k1 = land(lake, "wf1/r1/raw/table/chunk-0.parquet", raw_rows("r1", 2))
@@ -277,7 +277,7 @@ def test_arrow_stage_exports_to_the_warehouse_without_a_jvm(lake, tmp_path, post
     assert logged[0].details["export_engine"] == "arrow" and logged[0].details["export_rows"] == 7
 
     # streamed in batches (3 rows here) into the same staging-and-swap path: the same rows
-    from lakehouse.arrow_engine import iceberg_to_spark
+    from lakehouse.engines.types import iceberg_to_spark
     from lakehouse.export import warehouse
 
     gold_table = pyiceberg(lake).load_table("gold.sales")

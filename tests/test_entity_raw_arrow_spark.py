@@ -143,7 +143,7 @@ def test_one_table_loaded_turn_and_turn_about(platform, tmp_path):
 def test_both_engines_export_the_same_warehouse_rows(platform, postgres_server, monkeypatch, unique_ns):
     from psycopg2 import sql
 
-    from lakehouse.arrow_engine import iceberg_to_spark
+    from lakehouse.engines.types import iceberg_to_spark
     from lakehouse.export import warehouse
 
     dbname = postgres_server.create_database()

@@ -1,4 +1,4 @@
-"""`expression` rules: the Arrow engine (DuckDB, lakehouse.arrow_engine.passes) fails the same rows as
+"""`expression` rules: the Arrow engine (DuckDB, lakehouse.engines.arrow.rules.passes) fails the same rows as
 Spark (lakehouse.validation.rules.row_condition) over a table of awkward values: NULLs, NaN, ±inf,
 -0.0, empty and blank strings, unicode, mixed case, the int/bigint limits, decimals, dates at the
 ends of the calendar, timestamps a microsecond from midnight UTC, nested structs and arrays.
@@ -22,7 +22,7 @@ import decimal
 import pyarrow as pa
 import pytest
 
-from lakehouse import arrow_engine
+from lakehouse.engines.arrow import rules as arrow_engine
 from lakehouse.metadata.model import Rule
 from lakehouse.sqlparse import expression_problem
 from lakehouse.validation.rules import RuleError, row_condition

@@ -178,8 +178,8 @@ def _events(spark, rows):
 
 @pytest.mark.parametrize("observed", [False, True], ids=["statistics_only", "with_observed_rule"])
 def test_audit_path_answers_from_statistics_and_observes_only_the_rest(platform, tmp_path, unique_ns, observed):
+    from lakehouse.engines.spark import write as wap
     from lakehouse.runner import Batch, StageRunner
-    from lakehouse.validation import wap
 
     rules = """
     - {name: not_empty, type: row_count, min: 1, severity: error}
@@ -196,19 +196,19 @@ def test_audit_path_answers_from_statistics_and_observes_only_the_rest(platform,
         [(None, 30.0, "c", now - dt.timedelta(minutes=1)), ("e4", 500.0, "a", now), ("e5", None, "b", now)],
     ]
     observations = []
-    real_observe = wap.AuditedWrite._observed_keys
+    real_observe = wap.SparkAuditedWrite._observed_keys
 
     def spy(self, row_pass, keep):
         keys = real_observe(self, row_pass, keep)
         observations.append(keys)
         return keys
 
-    wap.AuditedWrite._observed_keys = spy
+    wap.SparkAuditedWrite._observed_keys = spy
     try:
         out = StageRunner(platform, "stats", "load", run_id=f"stats_{unique_ns}").wap().run(
             [Batch(_events(spark, rows), label=f"b{i}") for i, rows in enumerate(batches)])
     finally:
-        wap.AuditedWrite._observed_keys = real_observe
+        wap.SparkAuditedWrite._observed_keys = real_observe
     assert out.published and out.rows_written == 5
     # what was counted on the rows while writing: only the rule the statistics cannot answer
     assert observations == ([{"f:kind_known"}] * 2 if observed else [set(), set()])
@@ -256,7 +256,7 @@ def test_unreadable_statistics_fall_back_to_the_rows(platform, tmp_path, unique_
     monkeypatch.setattr(IcebergTables, "data_files", unreadable)
     now = dt.datetime.now(dt.UTC)
     rows = [("e1", 10.0, "a", now), (None, 500.0, "b", now), ("e3", None, "a", now)]
-    with caplog.at_level("WARNING", logger="lakehouse.validation.wap"):
+    with caplog.at_level("WARNING", logger="lakehouse.engines.spark.write"):
         out = StageRunner(platform, "stats", "load", run_id=f"nostats_{unique_ns}").wap().run(
             [Batch(_events(platform.spark(), rows), label="b")])
     got = {c.rule.name: (c.passed, c.failed_rows, c.total_rows, c.details["counted_from"]) for c in out.checks}

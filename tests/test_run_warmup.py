@@ -1,6 +1,6 @@
 """A run launched by the UI, a sensor or a schedule starts its JVM before its first step when a
 selected stage may need Spark (`LakehouseResource.setup_for_execution`), as `lakehouse run` does
-before its imports: decided from the control DB by `lakehouse.engine.stages_may_need_spark` for the
+before its imports: decided from the control DB by `lakehouse.engines.choice.stages_may_need_spark` for the
 run's asset selection. No JVM here: `Platform.warm_spark` is replaced by a recorder."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import dagster as dg
 import pytest
 
 from lakehouse import spark as sparkmod
-from lakehouse.engine import stages_may_need_spark
+from lakehouse.engines.choice import stages_may_need_spark
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.platform import Platform

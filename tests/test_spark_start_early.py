@@ -1,6 +1,6 @@
 """`lakehouse run` launches the JVM before the command line's own imports when the run surely
 needs Spark (lakehouse.spark.start_early): decided from the control DB with sqlite3 alone. The guess
-may only say yes where the run's own decision (lakehouse.engine.may_need_spark) says yes; any doubt
+may only say yes where the run's own decision (lakehouse.engines.choice.may_need_spark) says yes; any doubt
 starts nothing. No JVM here: `warm_up` is replaced by a recorder."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lakehouse import spark as sparkmod
-from lakehouse.engine import may_need_spark
+from lakehouse.engines.choice import may_need_spark
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.settings import load_settings

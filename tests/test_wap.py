@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+from lakehouse.engines.spark.write import SparkAuditedWrite as AuditedWrite
 from lakehouse.runner import Batch, StageRunner
-from lakehouse.validation.wap import AuditedWrite
 from tests.test_wap_helpers import apply, checks, land, main_snapshot, order, pyiceberg, rows_of, run
 
 RULES = """

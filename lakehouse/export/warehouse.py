@@ -3,7 +3,7 @@
 After a gold Iceberg table is published, the same snapshot is copied into a staging table in the
 warehouse (typed from the Iceberg/Spark schema, written in parallel by Spark over JDBC, or, for a
 table within the Arrow engine's threshold, read by PyIceberg and inserted with parameterised
-statements: no JVM, lakehouse.engine.choose_for_export), its row
+statements: no JVM, lakehouse.engines.choice.choose_for_export), its row
 count is checked against the snapshot, and then one transaction renames the live table away,
 renames the staging table into place and drops the old one. Readers therefore see the old table
 or the new one, never a half-loaded one: in PostgreSQL and Redshift DDL is transactional and a
@@ -174,14 +174,14 @@ def export_arrow(data, schema, target: Target, run_id: str, expected_rows: int |
     """Load Arrow data (a table or a RecordBatchReader, Spark schema `schema` for the column types)
     into the warehouse table through the same staging table and atomic swap, without a JVM:
     parameterised INSERTs (psycopg2 `execute_values`, identifiers quoted by `sql.Identifier`, values
-    sent as parameters), nested columns as Spark's to_json text (lakehouse.arrow_json), so both
+    sent as parameters), nested columns as Spark's to_json text (lakehouse.engines.arrow.to_json), so both
     engines export the same rows. Streamed in batches of `batch_rows`: only one batch is ever held
     as Python values. Without `expected_rows`, the rows read are what the staging table must hold."""
     import pyarrow as pa
     from psycopg2 import sql
     from psycopg2.extras import execute_values
 
-    from lakehouse.arrow_json import to_json_column
+    from lakehouse.engines.arrow.to_json import to_json_column
 
     conn = connection_for(target)
     engine = engine_of(conn.url)
@@ -279,16 +279,16 @@ def export_after_publish(runner: StageContext, outcome: StageOutcome) -> ExportR
     if wh.kind != "warehouse":
         raise WarehouseExportError(f"target {runner.target.target_id!r}: export_target_id "
                                    f"{wh.target_id!r} is not a warehouse target")
-    from lakehouse import engine as engines
+    from lakehouse.engines.choice import choose_for_export
 
     table = runner.platform.pyiceberg_catalog().load_table(runner.target.identifier)
     snap = table.snapshot_by_id(outcome.snapshot_id) if outcome.snapshot_id is not None else table.current_snapshot()
     size = int((snap.summary.additional_properties if snap is not None else {}).get("total-files-size", 0) or 0)
-    choice = engines.choose_for_export(runner.catalog, runner.target, size)
+    choice = choose_for_export(runner.catalog, runner.target, size)
     chosen = {"export_engine": choice.engine, "export_engine_reason": choice.reason}
     try:
         if choice.engine == "arrow":
-            from lakehouse.arrow_engine import iceberg_to_spark
+            from lakehouse.engines.types import iceberg_to_spark
 
             # pinned to the published snapshot, read by PyIceberg in batches: no JVM
             data = (table.scan(snapshot_id=snap.snapshot_id).to_arrow_batch_reader() if snap is not None

@@ -286,7 +286,7 @@ def quarantine_class(error: str | None) -> str:
 
 class SparkSchemaIO:
     """What `prepare_files` asks of the table and of parquet footers, answered by Spark (the Arrow
-    engine answers the same with PyIceberg and pyarrow: lakehouse.arrow_engine.ArrowSchemaIO)."""
+    engine answers the same with PyIceberg and pyarrow: lakehouse.engines.arrow.tables.ArrowSchemaIO)."""
 
     def __init__(self, spark: SparkSession | None, tables):
         self.spark = spark

@@ -215,7 +215,7 @@ def _input_columns(catalog: MetadataCatalog, stage: Stage, table) -> StageColumn
 def _after_write(catalog: MetadataCatalog, stage: Stage, cols: StageColumns,
                  table_now: Mapping[str, str | None] | None) -> StageColumns:
     """What the audit branch holds: contracts (freeze/fail) drop unexpected input columns; the
-    existing table's columns the input lacks are written as NULLs (lakehouse.validation.wap)."""
+    existing table's columns the input lacks are written as NULLs (lakehouse.engines.spark.write)."""
     contracts = [r for r in stage_rules(catalog, stage) if r.type == "schema_contract" and r.enabled]
     if cols.unknown:
         if table_now is None:

@@ -1,7 +1,7 @@
-"""What the Arrow engine (lakehouse.arrow_engine) can write, from metadata alone.
+"""What the Arrow engine (lakehouse.engines.arrow) can write, from metadata alone.
 
 Low in the package so that static validation (lakehouse.metadata.checks) and the engine choice at
-run time (lakehouse.engine) give the same reasons: a target that asks for `engine: arrow` on a
+run time (lakehouse.engines.choice) give the same reasons: a target that asks for `engine: arrow` on a
 stage the engine cannot do is refused when the metadata is applied, naming the file and field.
 """
 

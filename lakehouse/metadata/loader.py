@@ -348,7 +348,7 @@ def check_references(loaded: LoadedMetadata, live=None, baseline=None) -> None:
         if a.source_id is not None:
             need("source", a.source_id, "applications", a.key(), "source_id")
         need("rule_set", a.validation_set_id, "applications", a.key(), "validation_set_id")
-        if a.engine == "arrow":  # refused here, not at the first load (lakehouse.engine.choose_for_application)
+        if a.engine == "arrow":  # refused here, not at the first load (lakehouse.engines.choice.choose_for_application)
             sets = {rs.rule_set_id: rs.rules for rs in c.validation_rules}
             blockers = entity_raw_blockers(a, sets.get(a.validation_set_id or "", []))
             if blockers:

@@ -437,7 +437,7 @@ def check_maintenance_setting(key: str, value: str) -> None:
         raise ValueError(f"{key}: {msgs}") from None
 
 
-#: platform settings of the write engine (lakehouse.engine): the default choice and auto's size threshold
+#: platform settings of the write engine (lakehouse.engines.choice): the default choice and auto's size threshold
 ENGINE_SETTINGS = ("engine.default", "engine.arrow_max_bytes")
 ENGINES = ("spark", "arrow", "auto")
 
@@ -506,7 +506,7 @@ class Target(Entity):
         "reading this table read the replica instead while the table is unavailable")
     engine: Literal["spark", "arrow", "auto"] | None = Field(
         default=None, description="what writes the table: spark, arrow (PyIceberg + Arrow, no JVM: file loads "
-        "lakehouse.arrow_engine can do) or auto (arrow below arrow_max_bytes of input); default: the "
+        "lakehouse.engines.arrow can do) or auto (arrow below arrow_max_bytes of input); default: the "
         "platform setting engine.default, else spark")
     arrow_max_bytes: int | None = Field(
         default=None, ge=0, description="auto: the largest planned input (bytes) written by Arrow; default: the "

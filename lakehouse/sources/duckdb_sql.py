@@ -5,8 +5,8 @@ snapshots the run pinned (lakehouse.pins), so a small roll-up pays no Spark job 
 Two halves behind small functions, so the write side can change without touching the query side:
 * `query_arrow`: pinned upstream snapshots -> PyIceberg scan -> Arrow -> DuckDB -> an Arrow table;
 * the write: when the target's engine is `arrow`, or `auto` and the pinned upstreams' data files
-  are within its threshold (lakehouse.engine), the Arrow table goes to the Arrow write engine
-  (lakehouse.arrow_engine: PyIceberg, no JVM); otherwise `to_spark` makes it a Spark DataFrame. Either
+  are within its threshold (lakehouse.engines.choice), the Arrow table goes to the Arrow write engine
+  (lakehouse.engines.arrow: PyIceberg, no JVM); otherwise `to_spark` makes it a Spark DataFrame. Either
   way the same write-audit-publish service takes it (audit branch, rules, quarantine, kill-switch
   re-check, publish, checkpoints).
 

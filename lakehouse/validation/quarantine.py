@@ -4,7 +4,7 @@ The quarantine table `<namespace>.<table>__quarantine` holds the input columns p
 `_failed_rules` (array of rule names), `_run_id`, `_quarantined_at` and `_quarantine_id`.
 It is written on the run's audit branch and published with the data, so a failed audit
 leaves both tables' `main` untouched and a re-run does not quarantine the same rows twice.
-`lakehouse.quarantine_replay.replay` re-validates quarantined rows with the current rules and
+Each engine writes it (`lakehouse.engines.audited.QuarantineBranch`); `lakehouse.quarantine_replay.replay` re-validates quarantined rows with the current rules and
 moves the passing ones into the dataset through the same write-audit-publish path.
 """
 
@@ -15,15 +15,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lakehouse.iceberg import IcebergTables, quote, retry_metadata_commit
-from lakehouse.ingest.files import CHECKPOINT_PROPERTY
+from lakehouse.iceberg import quote
 from lakehouse.metadata.model import Target
 from lakehouse.validation.rules import FAILED_RULES_COLUMN
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from lakehouse.core import StageContext
     from lakehouse.platform import Platform
 
 log = logging.getLogger(__name__)
@@ -41,75 +39,6 @@ def quarantine_target(target: Target) -> Target:
     ns, tbl = quarantine_identifier(target.identifier).split(".", 1)
     return Target(target_id=f"{target.target_id}{SUFFIX}", namespace=ns, table=tbl, write_mode="append",
                   description=f"rows of {target.identifier} that failed a quarantine rule")
-
-
-def align_to_table(df: DataFrame, table_schema) -> DataFrame:
-    """Add the table's columns the input lacks as typed NULLs (Iceberg writes resolve by name)."""
-    from pyspark.sql import functions as F
-
-    have = {c.lower() for c in df.columns}
-    for f in table_schema.fields:
-        if f.name.lower() not in have:
-            df = df.withColumn(f.name, F.lit(None).cast(f.dataType))
-    return df
-
-
-class QuarantineWriter:
-    """Appends a run's quarantined rows to the audit branch of the quarantine table."""
-
-    def __init__(self, runner: StageContext, tables: IcebergTables, branch: str):
-        self.runner = runner
-        self.tables = tables
-        self.branch = branch
-        self.target = quarantine_target(runner.target)
-        self.ident = self.target.identifier
-        self.created = False
-        self.fork: int | None = None
-
-    def write(self, bad: DataFrame, batch_properties: dict[str, str] | None = None) -> int:
-        from pyspark.sql import functions as F
-
-        rows = (bad.withColumn("_run_id", F.lit(self.runner.run_id))
-                .withColumn("_quarantined_at", F.current_timestamp())
-                .withColumn("_quarantine_id", F.expr("uuid()")))
-        return self.append(rows, rows.schema, batch_properties)
-
-    def align(self, rows: DataFrame) -> DataFrame:
-        """The table's columns the rows lack, as typed NULLs (Spark's writer resolves by name)."""
-        return align_to_table(rows, self.tables.read(self.ident).schema)
-
-    def append(self, rows, schema, batch_properties: dict[str, str] | None = None) -> int:
-        """Rows (with the quarantine columns) onto the quarantine table's branch, which the first
-        call starts; the batch's file checkpoints ride along, so they publish exactly once too."""
-        if not self.created:
-            def start_branch():
-                self.tables.ensure_table(self.target, schema)
-                if self.branch in self.tables.refs(self.ident):  # a retried step starts over, never doubles rows
-                    self.tables.drop_branch(self.ident, self.branch)
-                self.tables.create_branch(self.ident, self.branch)
-
-            retry_metadata_commit(self.tables, self.ident, start_branch)
-            self.created = True
-            self.fork = self.tables.snapshot_id(self.ident)
-        retry_metadata_commit(self.tables, self.ident, lambda: self.tables.add_missing_columns(self.ident, schema))
-        rows = self.align(rows)
-        props = {k: v for k, v in (batch_properties or {}).items() if k == CHECKPOINT_PROPERTY}
-        res = self.tables.write(rows, self.target, branch=self.branch,
-                                snapshot_properties={**props, "lakehouse.run_id": self.runner.run_id})
-        return res.rows_written
-
-    def publish(self) -> None:
-        """Publish after the data (same run, under the target's publish lock): never rows of a
-        file whose quarantine rows another run already published."""
-        if not self.created:
-            return
-        from lakehouse.publish import publish_branch
-
-        res = publish_branch(self.tables, self.ident, self.branch, since=self.fork, run_id=self.runner.run_id)
-        if not res.published:
-            raise RuntimeError(f"{self.ident}: quarantine branch {self.branch} not published "
-                               f"({res.overlap.message() if res.overlap else 'main moved'}); it is kept for "
-                               f"inspection (`lakehouse branches list {self.ident}`)")
 
 
 # --------------------------------------------------------------------------- inspection and replay

@@ -585,9 +585,7 @@ def action_outcome(r: Rule, actions: ActionCounts) -> CheckOutcome:
 def dataset_rule(df: DataFrame | None, r: Rule, total: int, context: dict[str, Any], nulls: dict[str, int]
                  ) -> CheckOutcome:
     """A dataset rule's outcome; row_count and row_count_change need no rows (`df` None: another
-    engine's audit, lakehouse.arrow_engine)."""
-    from pyspark.sql import functions as F
-
+    engine's audit, lakehouse.engines.arrow, which imports no pyspark for these two)."""
     expr = describe(r)
     if r.type == "row_count":
         ok = (r.min is None or total >= float(r.min)) and (r.max is None or total <= float(r.max))
@@ -606,6 +604,8 @@ def dataset_rule(df: DataFrame | None, r: Rule, total: int, context: dict[str, A
         return CheckOutcome(r, ok, 0, total, expr,
                             message=f"row count changed {change:.1f}% ({prev} -> {after}), limit {r.max_change_pct}%",
                             details={"change_pct": round(change, 3), "previous_rows": prev, "rows": after})
+    from pyspark.sql import functions as F
+
     if r.type == "freshness":
         _require_columns(df.columns, r, [r.column])
         known = context.get("_newest", {})

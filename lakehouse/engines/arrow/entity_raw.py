@@ -1,9 +1,9 @@
 """entity_raw loads without a JVM: the raw parquet rows to entity_raw rows with pyarrow (issue 21).
 
 The common entity_raw load is a few records per workflow, for which a Spark start-up costs seconds
-for milliseconds of work. When `lakehouse.engine.choose_for_application` picks Arrow, the load
+for milliseconds of work. When `lakehouse.engines.choice.choose_for_application` picks Arrow, the load
 (lakehouse.entity_raw.load) reads each file with pyarrow, builds `raw_record` with Spark's own
-`to_json` spelling (lakehouse.arrow_json), applies the size cap into the same quarantine table,
+`to_json` spelling (lakehouse.engines.arrow.to_json), applies the size cap into the same quarantine table,
 and hands the rows to the same write-audit-publish service on the Arrow engine: the same audit
 branch, rules, kill switch, snapshot-summary checkpoints and exactly-once publish. A table either
 engine loads is the same table, so they may load it turn and turn about.
@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakehouse.arrow_json import cast_string, to_json_rows
+from lakehouse.engines.arrow.to_json import cast_string, to_json_rows
 from lakehouse.entity_raw_cap import FILE_COLUMN, KEY, PROVENANCE, QUARANTINE_COLUMNS, ROW_COLUMN, quarantine_identifier
 
 if TYPE_CHECKING:
-    from lakehouse.iceberg import IcebergTables
+    from lakehouse.iceberg import CatalogTables
     from lakehouse.ingest.files import FileRef
     from lakehouse.platform import Platform
 
@@ -71,12 +71,10 @@ def to_entity_raw(raw: pa.Table, *, typename: str, connection_qualified_name: st
 
 
 def _quarantine_schema():
-    from pyspark.sql import types as T
+    from lakehouse.engines.types import UTC_US, arrow_to_iceberg
 
-    from lakehouse.arrow_engine import spark_to_iceberg
-
-    spark_types = {"string": T.StringType(), "bigint": T.LongType(), "timestamp": T.TimestampType()}
-    return spark_to_iceberg(T.StructType([T.StructField(c, spark_types[t], True) for c, t in QUARANTINE_COLUMNS]))
+    types = {"string": pa.string(), "bigint": pa.int64(), "timestamp": UTC_US}
+    return arrow_to_iceberg(pa.schema([(c, types[t]) for c, t in QUARANTINE_COLUMNS]))
 
 
 def apply_cap(platform: Platform, identifier: str, table: pa.Table, files: list[FileRef], max_bytes: int,
@@ -133,7 +131,7 @@ def write_quarantine(platform: Platform, identifier: str, rows: pa.Table, run_id
     return rows.num_rows
 
 
-def upsert_delete(ident: str, tenant_id: str, pairs: list[tuple[str, str]]) -> Callable[[IcebergTables, str], None]:
+def upsert_delete(ident: str, tenant_id: str, pairs: list[tuple[str, str]]) -> Callable[[CatalogTables, str], None]:
     """UPSERT on Arrow: on the audit branch, PyIceberg deletes the tenant's rows of every
     (connection_qualified_name, typename) the load contains (the expression is built from values,
     never text), before the new rows; both reach main in one publish."""
@@ -144,6 +142,6 @@ def upsert_delete(ident: str, tenant_id: str, pairs: list[tuple[str, str]]) -> C
     each = [And(EqualTo("connection_qualified_name", c), EqualTo("typename", t)) for c, t in pairs]
     cond = And(EqualTo("tenant_id", tenant_id), reduce(Or, each))
 
-    def delete(tables: IcebergTables, branch: str) -> None:
+    def delete(tables: CatalogTables, branch: str) -> None:
         tables.meta.load_table(ident).delete(cond, branch=branch)
     return delete

@@ -16,11 +16,10 @@ import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lakehouse.iceberg import MAIN, IcebergTables, WriteResult, retry_metadata_commit
+from lakehouse.engines.audited import BranchWrite, QuarantineBranch
+from lakehouse.iceberg import IcebergTables, WriteResult, retry_metadata_commit
 from lakehouse.validation.file_metrics import FileMetrics, answerable_keys
-from lakehouse.validation.quarantine import QuarantineWriter, align_to_table
 from lakehouse.validation.rules import (
-    ActionCounts,
     CheckOutcome,
     RowPass,
     SchemaDrift,
@@ -46,30 +45,14 @@ def _rule_may_be_at_fault(exc: BaseException) -> bool:
     return classify(exc).code == UNKNOWN
 
 
-class AuditedWrite:
-    """One run's writes to one target, on its audit branch, until publish."""
+class SparkAuditedWrite(BranchWrite):
+    """One run's writes to one target on its audit branch, on Spark DataFrames: the schema contracts,
+    the split by the acting rules, counts observed as the rows are written, and the audit of the new
+    rows with their files' statistics (the branch bookkeeping and the publish: `BranchWrite`)."""
 
     def __init__(self, runner: StageContext, tables: IcebergTables, branch: str, *, quarantine: bool = True,
                  since: int | None | str = "now", prepare_branch: Callable[[IcebergTables, str], None] | None = None):
-        self.runner = runner
-        self.tables = tables
-        self.branch = branch
-        self.target = runner.target
-        self.ident = self.target.identifier
-        self.rules = [r for r in runner.rules if r.enabled]
-        self.contracts = [r for r in self.rules if r.type == "schema_contract"]
-        self.quarantine_enabled = quarantine
-        self.created = False
-        self.fork_snapshot: int | None = None
-        # main when the run planned (None: no table yet); the publish checks what main committed after it
-        self.since = since if since != "now" else (tables.refs_if_exists(self.ident) or {}).get(MAIN)
-        self.prepare_branch = prepare_branch  # e.g. entity_raw UPSERT's delete: the write then replaces data
-        self.appends_only = prepare_branch is None
-        self.previous_rows = self._total_records(MAIN)
-        self.actions = ActionCounts() if acting_rules(self.rules) else None
-        self.drift: dict[str, SchemaDrift] = {}
-        self.quarantined_rows = 0
-        self._quarantine = None
+        super().__init__(runner, tables, branch, quarantine=quarantine, since=since, prepare_branch=prepare_branch)
         self._batches = 0
         self._handled = {r.name for r in acting_rules(self.rules)}
         self.observed: dict[str, Any] | None = None  # RowPass keys observed during the writes
@@ -86,12 +69,6 @@ class AuditedWrite:
         self._change_set: DataFrame | None = None
 
     # ------------------------------------------------------------------ write
-    def _total_records(self, branch: str) -> int | None:
-        snap = (self.tables.refs_if_exists(self.ident) or {}).get(branch)  # one metadata load, not two
-        if snap is None:
-            return None
-        return int(self.tables.snapshot_summary(self.ident, snap).get("total-records", 0))
-
     def _conform(self, df: DataFrame) -> DataFrame:
         """Apply the schema contracts: evolve adds new columns to the table, freeze and fail keep
         them off the branch (fail also fails the check). Without a contract the input is written
@@ -248,30 +225,6 @@ class AuditedWrite:
             return None
         return functools.reduce(operator.or_, self._scopes)
 
-    def _start_branch(self, schema) -> None:
-        """The table (created from `schema` if new) and this run's branch, before the first write."""
-        props = self._table_properties()
-
-        def start_branch():
-            # only Spark's tables take properties (an incremental merge, which runs on Spark only)
-            self.tables.ensure_table(self.target, schema, **({"properties": props} if props else {}))
-            self.tables.create_branch(self.ident, self.branch)
-
-        retry_metadata_commit(self.tables, self.ident, start_branch)
-        self.fork_snapshot = self.tables.snapshot_id(self.ident, self.branch)
-        if self.prepare_branch is not None:
-            self.prepare_branch(self.tables, self.branch)
-        self.created = True
-
-    def _table_properties(self) -> dict[str, str]:
-        """What the platform adds to the target's table properties: an incremental merge stage's
-        keys get Parquet bloom filters, so finding the rows of a change set's keys skips the row
-        groups without them whatever the table's size (lakehouse.pruning)."""
-        from lakehouse.pruning import bloom_filter_properties
-
-        inc = getattr(getattr(self.runner, "stage", None), "incremental", None)
-        return bloom_filter_properties(inc.merge_keys) if inc is not None and inc.mode == "merge" else {}
-
     def _observed_keys(self, row_pass: RowPass, keep: DataFrame) -> set[str]:
         """RowPass keys to count on the rows as they are written: those the new files'
         statistics cannot answer (with a PyIceberg catalog to read them, which the platform has)."""
@@ -323,10 +276,8 @@ class AuditedWrite:
         return retry.call(retry.BRANCH_WRITE, write, what=f"write to {self.ident}@{self.branch}",
                           also=is_connection_failure, only=head_unmoved)
 
-    def _quarantine_writer(self):
-        if self._quarantine is None:
-            self._quarantine = QuarantineWriter(self.runner, self.tables, self.branch)
-        return self._quarantine
+    def _new_quarantine(self) -> SparkQuarantineWriter:
+        return SparkQuarantineWriter(self.runner, self.tables, self.branch)
 
     # ------------------------------------------------------------------ audit
     def new_rows(self, branch_df: DataFrame | None = None) -> DataFrame:
@@ -389,28 +340,29 @@ class AuditedWrite:
         context = self.context()
         return evaluate_rules(self.new_rows(context["table"]), self.rules, context=context)
 
-    # ------------------------------------------------------------------ publish
-    def branch_tables(self) -> list[str]:
-        """The tables this run has an audit branch on."""
-        return [self.ident] + ([self._quarantine.ident] if self._quarantine is not None and self._quarantine.created
-                               else [])
 
-    def publish(self):
-        """Publish the data branch exactly once (lakehouse.publish), then the quarantine branch,
-        both under the target's publish lock; each commit drops its branch. Returns the data's
-        PublishResult: not published when the input (or part of it) is already on main. A
-        crash between the two commits is completed by the next run (lakehouse.branches)."""
-        from lakehouse import coordination
-        from lakehouse.control import faults
-        from lakehouse.ingest.jdbc import watermark_order
-        from lakehouse.publish import publish_branch
+def align_to_table(df: DataFrame, table_schema) -> DataFrame:
+    """Add the table's columns the input lacks as typed NULLs (Iceberg writes resolve by name)."""
+    from pyspark.sql import functions as F
 
-        faults.inject("before_publish")
-        with coordination.publish_lock(self.runner.platform, self.ident):
-            res = publish_branch(self.tables, self.ident, self.branch, since=self.since, run_id=self.runner.run_id,
-                                 watermark_order=watermark_order,
-                                 can_rebase=self.target.write_mode == "append" and self.prepare_branch is None)
-            if res.published and self._quarantine is not None:
-                faults.inject("between_publishes")
-                self._quarantine.publish()
-        return res
+    have = {c.lower() for c in df.columns}
+    for f in table_schema.fields:
+        if f.name.lower() not in have:
+            df = df.withColumn(f.name, F.lit(None).cast(f.dataType))
+    return df
+
+
+class SparkQuarantineWriter(QuarantineBranch):
+    """Quarantined Spark rows to the quarantine table's branch (lakehouse.validation.quarantine)."""
+
+    def write(self, bad: DataFrame, batch_properties: dict[str, str] | None = None) -> int:
+        from pyspark.sql import functions as F
+
+        rows = (bad.withColumn("_run_id", F.lit(self.runner.run_id))
+                .withColumn("_quarantined_at", F.current_timestamp())
+                .withColumn("_quarantine_id", F.expr("uuid()")))
+        return self.append(rows, rows.schema, batch_properties)
+
+    def align(self, rows: DataFrame) -> DataFrame:
+        """The table's columns the rows lack, as typed NULLs (Spark's writer resolves by name)."""
+        return align_to_table(rows, self.tables.read(self.ident).schema)

@@ -10,25 +10,23 @@ bench/bench_small_batches.py). The choice and its reason go to the audit log and
 materialization metadata. Both engines honour one write-audit-publish contract
 (lakehouse.wap_service), so they can write the same table turn and turn about.
 
-Plain data and rules only: the engines themselves are `SparkEngine` here and
-`lakehouse.arrow_engine.ArrowEngine`, imported only when chosen.
+Plain data and rules only: the engines themselves are `lakehouse.engines.spark.SparkEngine` and
+`lakehouse.engines.arrow.ArrowEngine` (`lakehouse.engines.engine_for`), imported only when chosen.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lakehouse.core import SQL
 from lakehouse.metadata.engine_support import ARROW_SOURCES, arrow_blockers, duckdb_sql_stage, entity_raw_blockers
 from lakehouse.metadata.model import ENGINES, Target
 
 if TYPE_CHECKING:
-    from lakehouse.core import Batch, ExtractPlan, StageContext
-    from lakehouse.iceberg import IcebergTables
+    from lakehouse.core import ExtractPlan, StageContext
     from lakehouse.metadata.model import Application, MetadataCatalog, Rule, Stage
-    from lakehouse.platform import Platform
 
 #: the engine of a target when neither it nor the platform setting `engine.default` names one.
 #: Spark for now: `auto` as the built-in default would move every existing file load (and the
@@ -172,29 +170,3 @@ def stages_may_need_spark(catalog: MetadataCatalog, stages: Iterable[Stage]) -> 
             return True
     return False
 
-
-class SparkEngine:
-    """The JVM engine: the source adapter's Spark batches, `AuditedWrite` on Spark's catalog."""
-
-    name = "spark"
-
-    def tables(self, platform: Platform) -> IcebergTables:
-        return platform.tables()
-
-    def session(self, ctx: StageContext, tables: IcebergTables, branch: str, **kwargs: Any):
-        from lakehouse.validation.wap import AuditedWrite
-
-        return AuditedWrite(ctx, tables, branch, **kwargs)
-
-    def batches(self, ctx: StageContext, plan: ExtractPlan) -> Iterator[Batch]:
-        return ctx.adapter_for(plan.kind).batches(ctx, plan)
-
-
-def engine_for(choice: EngineChoice | str):
-    """The engine object of a choice."""
-    name = choice.engine if isinstance(choice, EngineChoice) else choice
-    if name == "arrow":
-        from lakehouse.arrow_engine import ArrowEngine
-
-        return ArrowEngine()
-    return SparkEngine()
