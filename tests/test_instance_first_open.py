@@ -31,7 +31,7 @@ def _open(home: str, barrier, results) -> None:
     try:
         import dagster as dg
 
-        import lakehouse.throughput.dagster_storage  # noqa: F401 - the template's storage class
+        import lakehouse.compat.dagster  # noqa: F401 - the template's storage class
 
         barrier.wait(timeout=60)
         os.environ["DAGSTER_HOME"] = home
@@ -46,7 +46,7 @@ def _open(home: str, barrier, results) -> None:
 def test_processes_opening_a_fresh_instance_at_once_all_succeed(tmp_path, monkeypatch):
     import dagster  # noqa: F401 - imported before the fork, so the children start at once
 
-    import lakehouse.throughput.dagster_storage  # noqa: F401
+    import lakehouse.compat.dagster  # noqa: F401
 
     ctx = mp.get_context("fork")
     for r in range(ROUNDS):
