@@ -41,7 +41,8 @@ def claimant(step_key: str, pool: str) -> str:
 
 
 def _step_key(context) -> str:
-    return context.get_step_execution_context().step.key
+    """The op's step key: its name, for an op at the top of its job (an `@asset`, as maintenance's)."""
+    return context.op_def.name
 
 
 def _op_priority(context) -> int:
