@@ -3,8 +3,7 @@
 There is no job per pipeline (issue 22: a thousand jobs made every code-server load and reload pay
 for a thousand job snapshots). A pipeline's run is a run of the platform's one asset job with the
 pipeline's stage assets selected, so the asset keys a run selects are what says which pipelines it
-runs: a run launched from the UI without a
-`lakehouse/pipeline` tag still gets its pipeline's profile priority and kill switch.
+runs: a run launched from the UI without a `lakehouse/pipeline` tag still gets its pipeline's profile priority and kill switch.
 """
 
 from __future__ import annotations
