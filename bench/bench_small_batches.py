@@ -137,7 +137,7 @@ def main() -> None:
     args = ap.parse_args()
     try:  # Dagster's database templates, built once per machine (not timed, as after an install's first run)
         from lakehouse.throughput.dagster_storage import templates
-    except ImportError:  # a tree from before them
+    except ImportError:  # a tree without them (they were a private-API speed-up, removed by issue 38)
         pass
     else:
         templates()

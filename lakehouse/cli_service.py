@@ -30,11 +30,11 @@ def cmd_serve(args) -> int:
     from lakehouse.platform import Platform
     from lakehouse.service.app import create_app
     from lakehouse.service.runs import RunGateway
-    from lakehouse.throughput.instance import ensure_home
+    from lakehouse.throughput.instance import ensure_instance
 
     platform = Platform.from_env()
-    ensure_home(platform.settings)  # the instance `lakehouse run`, the UI and the daemon share
-    gateway = RunGateway(args.workspace, args.location)
+    _home, instance = ensure_instance(platform.settings)  # the instance `lakehouse run`, the UI and the daemon share
+    gateway = RunGateway(args.workspace, args.location, instance=instance)
     gateway.start()  # the code location loads before the first request
     try:
         app = create_app(platform, gateway, token)

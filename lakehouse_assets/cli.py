@@ -45,7 +45,6 @@ def cmd_run(args) -> int:
         # (lakehouse.engines.choice) starts none.
         platform.warm_spark()
     # Dagster is imported here, not when the parser is built: every other command starts without it
-    from lakehouse.throughput.dagster_storage import keep_open
     from lakehouse_assets.definitions import build_definitions, pipeline_job
     from lakehouse_assets.run_summary import record, stage_keys, summarize
 
@@ -69,8 +68,7 @@ def cmd_run(args) -> int:
     # the selection named again: a run records only the selection it is given (as a UI run's), which
     # the run summary sensor and the kill switch read. Each stage's DataHub emission runs beside the
     # run on the other core (lakehouse.lineage.background); the block ends when the last one is out.
-    # keep_open: Dagster's per-event connections do not checkpoint its SQLite files on every close
-    with lineage_in_background(), keep_open():
+    with lineage_in_background():
         result = job.execute_in_process(instance=headless.instance, raise_on_error=False, run_config=quiet,
                                         asset_selection=sorted(job.asset_layer.selected_asset_keys),
                                         tags={"lakehouse/pipeline": args.pipeline, "lakehouse/launched_by": "cli",

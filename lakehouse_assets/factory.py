@@ -283,8 +283,8 @@ def _input(name: str, kind: str) -> dg.InputDefinition:
     return d
 
 
-def build_stage_asset(g: Graph, stage: Stage, resource_defs: dict | None = None) -> dg.AssetsDefinition:
-    """`resource_defs`: bound here, once (definitions.py `_bind_once`), instead of by a copy of the asset."""
+def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
+    """The stage's asset; its resources (`lakehouse`, `pyspark`, the IO manager) are bound by `Definitions`."""
     key = g.key(stage)
     target = g.targets[stage.target_id]
     pipeline = g.pipelines[stage.pipeline_id]
@@ -370,21 +370,27 @@ def build_stage_asset(g: Graph, stage: Stage, resource_defs: dict | None = None)
         **g.column_lineage(stage),
     }
     owners = [o for o in [stage.owner or pipeline.owner] if o]
-    # AssetsDefinition.from_graph and .from_op both construct through _from_node; from_op takes no
-    # check specs nor owners, so the single op goes the way from_graph does
-    return dg.AssetsDefinition._from_node(  # noqa: SLF001
+    partitions = time_partitions(target)
+    # Dagster's public constructor: one spec (what @multi_asset's `specs=` takes) for the node's
+    # "result" output, the checks by their output names (`<asset>_<check>`, as @graph_asset names them)
+    spec = dg.AssetSpec(
+        key=key,
+        deps=[dg.AssetDep(k) for k in dict.fromkeys(deps)],
+        description=description,
+        metadata=metadata,
+        tags={"lakehouse/pipeline": stage.pipeline_id, "lakehouse/layer": stage.layer,
+              **{f"dagster/kind/{k}": "" for k in STAGE_KINDS}},
+        owners=owners,
+        group_name=stage.layer,
+        partitions_def=partitions.get("partitions_def"),
+    )
+    return dg.AssetsDefinition(
         node_def=node,
         keys_by_input_name=dict(zip(input_names, deps, strict=True)),
         keys_by_output_name={"result": key},
-        group_name=stage.layer,
-        descriptions_by_output_name={"result": description},
-        metadata_by_output_name={"result": metadata},
-        tags_by_output_name={"result": {"lakehouse/pipeline": stage.pipeline_id, "lakehouse/layer": stage.layer,
-                                        **{f"dagster/kind/{k}": "" for k in STAGE_KINDS}}},
-        owners_by_output_name={"result": owners} if owners else None,
-        check_specs=specs,
-        resource_defs=resource_defs,
-        **time_partitions(target),
+        check_specs_by_output_name=dict(zip(check_outs, specs, strict=True)),
+        specs=[spec],
+        **partitions,
     )
 
 
@@ -424,13 +430,12 @@ def build_source_specs(g: Graph, stages: list[Stage]) -> list[dg.AssetSpec]:
     return specs
 
 
-def build_stage_assets(g: Graph, pipelines: set[str] | None = None,
-                       resource_defs: dict | None = None) -> dict[str, list[dg.AssetsDefinition]]:
+def build_stage_assets(g: Graph, pipelines: set[str] | None = None) -> dict[str, list[dg.AssetsDefinition]]:
     """{pipeline_id: its stage assets}, of every pipeline or of `pipelines` only (a run's build)."""
     out: dict[str, list[dg.AssetsDefinition]] = {}
     for s in g.catalog.stages:
         if pipelines is None or s.pipeline_id in pipelines:
-            out.setdefault(s.pipeline_id, []).append(build_stage_asset(g, s, resource_defs))
+            out.setdefault(s.pipeline_id, []).append(build_stage_asset(g, s))
     return out
 
 
@@ -439,7 +444,7 @@ def build_stage_assets(g: Graph, pipelines: set[str] | None = None,
 # pipeline's stage assets selected (`pipeline_selection`): no job per pipeline, whose thousand
 # snapshots made every code-server load and reload pay for every pipeline (issue 22), and no second
 # job over every stage asset either (another snapshot of the whole graph). Its name is Dagster's
-# (dagster._core.definitions.assets.job.asset_job.IMPLICIT_ASSET_JOB_NAME; tests check they agree).
+# (its implicit asset job name; tests check they agree).
 PIPELINES_JOB = "__ASSET_JOB"
 
 

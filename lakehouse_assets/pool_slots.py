@@ -7,12 +7,12 @@ so that maintenance and loads together never exceed the target's limit. One op p
 get that from `pool=` alone, but cost the code server seconds of CPU per load at 1,000 pipelines
 (BENCHMARKS.md, issue 22).
 
-`pool_slot` claims through Dagster's own `InstanceConcurrencyContext`, the object the step executor
-claims an op's pool with (dagster `_core.execution.plan.active`), so the claim behaves as a step's:
-its priority is the run's `dagster/priority` plus the op's; a pool with no limit gets the instance's
-`concurrency.pools.default_limit`; the storage is asked at the executor's backoff (1 s growing to
-15 s); with `pools.granularity: run` nothing is claimed (the run coordinator gates whole runs then,
-and load ops claim nothing either); an ephemeral instance enforces no pool, as for every op.
+`pool_slot` claims through the instance's event log storage (`instance.event_log_storage`, the
+concurrency methods the UI and `dagster instance concurrency` use), as Dagster's step executor does,
+so the claim behaves as a step's: its priority is the run's `dagster/priority` plus the op's; a
+pool with no limit gets the instance's `concurrency.pools.default_limit`; with
+`pools.granularity: run` nothing is claimed (the run coordinator gates whole runs then, and load ops
+claim nothing either); an instance whose storage has no pools (an ephemeral one) enforces none.
 
 The claim is made for the step key `<op step key>[<pool>]`: Dagster frees slots per (run, step key),
 so freeing this one never frees the op's own slot of its pool. While the pool is full the op waits
@@ -29,10 +29,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import dagster as dg
-from dagster._core.errors import DagsterExecutionInterruptedError
-from dagster._core.execution.plan.instance_concurrency_context import InstanceConcurrencyContext
-from dagster._core.storage.tags import PRIORITY_TAG
 
+PRIORITY_TAG = "dagster/priority"  # run and op tag: higher first (Dagster's documented tag)
 POLL_SECONDS = 1.0
 TERMINATING = (dg.DagsterRunStatus.CANCELING, dg.DagsterRunStatus.CANCELED)
 
@@ -43,7 +41,8 @@ def claimant(step_key: str, pool: str) -> str:
 
 
 def _step_key(context) -> str:
-    return context.get_step_execution_context().step.key
+    """The op's step key: its name, for an op at the top of its job (an `@asset`, as maintenance's)."""
+    return context.op_def.name
 
 
 def _op_priority(context) -> int:
@@ -53,28 +52,54 @@ def _op_priority(context) -> int:
         return 0
 
 
+def _run_priority(run: dg.DagsterRun) -> int:
+    try:
+        return int((run.tags or {}).get(PRIORITY_TAG, 0))
+    except ValueError:
+        return 0
+
+
+def _limited(storage, pool: str) -> bool:
+    """Whether `pool` has a limit to claim against (given it the instance's default limit if it has none)."""
+    config = storage.get_pool_config()
+    default = config.default_pool_limit
+    limits = {p.name: p for p in storage.get_pool_limits()}
+    info = limits.get(pool)
+    if (info is None and default is not None) or (info is not None and info.from_default and info.limit != default):
+        storage.initialize_concurrency_limit_to_default(pool)
+        info = {p.name: p for p in storage.get_pool_limits()}.get(pool)
+    return info is not None
+
+
 @contextmanager
 def pool_slot(context: dg.OpExecutionContext | dg.AssetExecutionContext, pool: str, *,
               poll_seconds: float = POLL_SECONDS) -> Iterator[float]:
     """Hold one slot of `pool` for the block; yields the seconds waited for it."""
     instance, run = context.instance, context.run
-    key = claimant(_step_key(context), pool)
+    storage = instance.event_log_storage
     started = time.monotonic()
-    with InstanceConcurrencyContext(instance, run) as slots:  # its exit drops a claim still pending
-        told = False
-        while not slots.claim(pool, key, _op_priority(context)):
+    if not storage.supports_global_concurrency_limits or \
+            str(getattr(storage.get_pool_config().pool_granularity, "value", "")).lower() == "run" or \
+            not _limited(storage, pool):
+        yield 0.0  # no pool to claim against: as a step's claim, it passes at once
+        return
+    key = claimant(_step_key(context), pool)
+    priority = _run_priority(run) + _op_priority(context)
+    told = False
+    try:
+        while not storage.claim_concurrency_slot(pool, run.run_id, key, priority).is_claimed:
             if not told:
                 context.log.info(f"waiting for a slot of pool {pool} (its limit is reached)")
                 told = True
             current = instance.get_run_by_id(run.run_id)
             if current is not None and current.status in TERMINATING:
-                raise DagsterExecutionInterruptedError(f"run {run.run_id} is being terminated: stopped waiting for "
-                                                       f"a slot of pool {pool}")
+                raise dg.DagsterExecutionInterruptedError(f"run {run.run_id} is being terminated: stopped waiting "
+                                                          f"for a slot of pool {pool}")
             time.sleep(poll_seconds)
         waited = time.monotonic() - started
         if told:
             context.log.info(f"slot of pool {pool} claimed after {waited:.1f} s")
-        try:
-            yield waited
-        finally:
-            slots.free_step(key)
+        yield waited
+    finally:
+        # frees the slot, or the pending claim of a wait that ended (an error, a termination)
+        storage.free_concurrency_slot_for_step(run.run_id, key)

@@ -151,11 +151,11 @@ def test_the_module_resolves_a_location_attribute_lazily_and_rejects_a_bad_one()
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)  # a JVM in the run worker on a loaded 2-core machine
-def test_a_run_of_a_pipeline_in_another_location_runs_there_and_builds_its_own_pipeline(
+def test_a_run_of_a_pipeline_in_another_location_runs_there_and_builds_its_location(
         settings, tmp_path, dagster_daemon_factory):
     """A daemon serving location `west` alone (`location__west`, as `lakehouse workspace` names it)
-    launches p1's run; its run worker loads the same attribute and builds p1 alone; the run
-    materializes p1 for real and reads nothing it must not."""
+    launches p1's run; its run worker loads the same attribute and builds location `west` alone (not
+    every location's pipelines); the run materializes p1 for real and reads nothing it must not."""
     import json
     import time
 
@@ -178,6 +178,6 @@ def test_a_run_of_a_pipeline_in_another_location_runs_there_and_builds_its_own_p
     while time.monotonic() < deadline and not trace.exists():
         time.sleep(1)
     builds = [json.loads(x) for x in trace.read_text().splitlines()]
-    served = [b for b in builds if b["pipelines"] is None]
-    assert served and all(b["location"] == "west" and b["stage_assets"] == 6 for b in served), builds
-    assert any(b["pipelines"] == ["p1"] and b["stage_assets"] == 3 for b in builds), builds  # the run worker
+    assert builds and all(b["pipelines"] is None and b["location"] == "west" and b["stage_assets"] == 6
+                          for b in builds), builds
+    assert len({b["pid"] for b in builds}) >= 2, builds  # the code server's build and the run worker's

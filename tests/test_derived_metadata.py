@@ -360,7 +360,7 @@ def test_importing_the_code_location_touches_nothing(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "import lakehouse_assets.definitions as d; print(type(d.defs).__name__)"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "LakehouseRepository"  # a dg.RepositoryDefinition
+    assert proc.stdout.strip() == "RepositoryDefinition"  # dg.repository over a lazy dg.RepositoryData
     assert not home.exists()  # no control DB, catalog or folder created by the import
 
 
@@ -402,31 +402,18 @@ def test_a_runs_build_is_the_job_the_code_location_shows(home, monkeypatch):
     silver = scoped.asset_layer.asset_graph.get(dg.AssetKey(["silver", "user_events2"]))
     assert silver.parent_keys == {dg.AssetKey(["bronze", "user_events2"]), dg.AssetKey(["bronze", "user_events0"])}
 
-    # the code location's repository: asked first for a run of p1's stages (what a run worker asks,
-    # ReconstructableJob.get_definition), it builds p1 alone
+    # the code location's repository answers a run of p1's stages (what a run worker asks,
+    # ReconstructableJob.get_definition) from the whole graph, with the same steps
     p1 = pipeline_job(whole, "p1").asset_layer.selected_asset_keys
     trace.unlink()
     repo = lakehouse_repository(platform)
     job = repo.get_maybe_subset_job_def(PIPELINES_JOB, asset_selection=p1)
     assert job.asset_layer.selected_asset_keys == p1 and job.name == PIPELINES_JOB
-    builds = [json.loads(x) for x in trace.read_text().splitlines()]
-    assert builds[0]["pipelines"] == ["p1"] and builds[0]["stage_assets"] == 3 and builds[0]["jobs"] == []
-    assert repo.get_maybe_subset_job_def(PIPELINES_JOB, asset_selection=p1) is job  # once per process
-    # a run worker first loads its job by name alone (Dagster's early check), inside the frame
-    # holding the run: that load builds p1 alone too, and the run's own load reuses it
-    trace.unlink()
-    worker = lakehouse_repository(platform)
-    dagster_run = dg.DagsterRun(job_name=PIPELINES_JOB, asset_selection=frozenset(p1))
-    early = worker.get_maybe_subset_job_def(PIPELINES_JOB)
-    assert early.asset_layer.selected_asset_keys == p1
-    assert worker.get_maybe_subset_job_def(PIPELINES_JOB, asset_selection=dagster_run.asset_selection) is early
-    assert [json.loads(x)["pipelines"] for x in trace.read_text().splitlines()] == [["p1"]]
-    trace.unlink()
-    # a selection with a non-stage asset (a maintenance asset) is answered by the whole graph
-    mixed = repo.get_maybe_subset_job_def(PIPELINES_JOB, asset_selection={*p1, dg.AssetKey(["maintenance", "bronze"])})
-    assert mixed.asset_layer.selected_asset_keys == {*p1, dg.AssetKey(["maintenance", "bronze"])}
+    assert sorted(s.key for s in create_execution_plan(job).steps) == \
+        sorted(s.key for s in create_execution_plan(pipeline_job(whole, "p1")).steps)
+    repo.get_maybe_subset_job_def(PIPELINES_JOB, asset_selection={*p1, dg.AssetKey(["maintenance", "bronze"])})
     assert PIPELINES_JOB in repo.job_names
-    assert [json.loads(x)["pipelines"] for x in trace.read_text().splitlines()] == [None]
+    assert [json.loads(x)["pipelines"] for x in trace.read_text().splitlines()] == [None]  # built once, whole
 
 
 def test_concurrent_repository_snapshots_compute_each_job_snapshot_once(home, monkeypatch):
@@ -443,7 +430,7 @@ def test_concurrent_repository_snapshots_compute_each_job_snapshot_once(home, mo
 
     store_of(home).apply(load_metadata(copies(home / "meta", 3)))
     repo = lakehouse_repository(Platform(load_settings(), store_of(home)))
-    repo.load_all_definitions()  # the code server's load
+    assert repo.assets_defs_by_key  # the graph is built; no job snapshot id is computed yet
     computed: Counter = Counter()
     real = JobSnap.from_job_def.__func__
 
@@ -464,110 +451,21 @@ def test_concurrent_repository_snapshots_compute_each_job_snapshot_once(home, mo
     assert set(computed) == set(repo.job_names) and set(computed.values()) == {1}, computed
 
 
-def test_code_server_serializes_each_reply_once_as_dagster_would(home, tmp_path):
-    """After a reload three clients ask the new code server for the repository's snapshot and every
-    job's; each reply is serialized once per process (`_share_serialized_replies`) and is the very
-    text Dagster's own server methods produce. A real `DagsterApiServer` loads the code location."""
-    import logging
-    import threading
-
-    from dagster._core.remote_origin import InProcessCodeLocationOrigin, RemoteRepositoryOrigin
-    from dagster._core.remote_representation.external_data import RepositoryErrorSnap, RepositorySnap
-    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
-    from dagster._core.utils import FuturesAwareThreadPoolExecutor
-    from dagster._grpc.__generated__ import dagster_api_pb2
-    from dagster._grpc.server import DagsterApiServer
-    from dagster._serdes import deserialize_value, serialize_value
-
+def test_stage_assets_get_the_resources_definitions_binds(home):
+    """`Definitions` binds the platform's resources to every stage asset; another binding
+    (dg.materialize(assets, resources=...)) replaces them."""
     from lakehouse_assets import definitions
-
-    definitions._share_serialized_replies()  # what importing the code location does in a code server (idempotent)
-    store_of(home).apply(load_metadata(copies(home / "meta", 3)))
-    target = tmp_path / "location.py"  # a repository of its own, not the module-level `defs` of another test
-    target.write_text("from lakehouse_assets.definitions import lakehouse_repository\ndefs = lakehouse_repository()\n")
-    loadable = LoadableTargetOrigin(python_file=str(target), attribute="defs")
-    server = DagsterApiServer(threading.Event(), logging.getLogger("test"), FuturesAwareThreadPoolExecutor(max_workers=2),
-                              loadable_target_origin=loadable)
-    try:
-        location = InProcessCodeLocationOrigin(loadable, location_name="lakehouse")
-        origin = serialize_value(RemoteRepositoryOrigin(location, definitions.REPOSITORY_NAME))
-        request = dagster_api_pb2.ExternalRepositoryRequest(serialized_repository_python_origin=origin,
-                                                            defer_snapshots=True)
-        texts: list[str] = []
-        askers = [threading.Thread(target=lambda: texts.append(server._get_serialized_external_repository_data(request)))
-                  for _ in range(3)]
-        for t in askers:
-            t.start()
-        for t in askers:
-            t.join()
-        assert len(texts) == 3 and texts[0] is texts[1] is texts[2]  # one serialization for the three askers
-        repo = server._get_repo_for_origin(RemoteRepositoryOrigin(location, definitions.REPOSITORY_NAME))
-        dagster_own = serialize_value(RepositorySnap.from_def.__wrapped__(RepositorySnap, repo, True))
-        assert texts[0] == dagster_own
-        snap = deserialize_value(texts[0], RepositorySnap)
-        assert len(snap.asset_nodes) >= 9 and {j.name for j in snap.job_refs} == set(repo.job_names)
-        for name in repo.job_names:
-            job_request = dagster_api_pb2.ExternalJobRequest(serialized_repository_origin=origin, job_name=name)
-            ours = server.ExternalJob(job_request, None).serialized_job_data
-            assert ours == DagsterApiServer.ExternalJob.__wrapped__(server, job_request, None).serialized_job_data
-            assert server.ExternalJob(job_request, None).serialized_job_data == ours and ours
-        # what is not ours goes to Dagster's methods, with their errors
-        unknown = dagster_api_pb2.ExternalRepositoryRequest(serialized_repository_python_origin=serialize_value(
-            RemoteRepositoryOrigin(location, "nope")), defer_snapshots=True)
-        error = deserialize_value(server._get_serialized_external_repository_data(unknown), RepositoryErrorSnap)
-        assert "nope" in error.error.message
-        missing_job = dagster_api_pb2.ExternalJobRequest(serialized_repository_origin=origin, job_name="no_such_job")
-        assert not server.ExternalJob(missing_job, None).serialized_job_data
-    finally:
-        server.cleanup()
-
-
-def test_stage_assets_bound_once_are_what_dagsters_binding_gives(home, monkeypatch):
-    """The stage assets are built bound to the resources `Definitions` binds and answer its binding
-    with themselves (`_bind_once`, no copy per asset). The repository, its snapshot for the UI,
-    the asset job's snapshot and each asset's resources equal what Dagster's own binding (a copy of
-    every asset through `AssetsDefinition.with_resources`) gives."""
-    from dagster._core.remote_representation.external_data import JobDataSnap, RepositorySnap
-    from dagster._serdes import serialize_value
-
-    from lakehouse_assets import definitions
-    from lakehouse_assets.factory import PIPELINES_JOB
 
     store_of(home).apply(load_metadata(copies(home / "meta", 3)))
     platform = Platform(load_settings(), store_of(home))
-    copied: list = []
-    real = dg.AssetsDefinition.with_resources
-
-    def counting(self, resource_defs):
-        copied.extend(self.keys)
-        return real(self, resource_defs)
-
-    monkeypatch.setattr(dg.AssetsDefinition, "with_resources", counting)
-
-    def built():
-        repo = definitions.build_definitions(platform).get_repository_def()
-        snap = serialize_value(RepositorySnap.from_def(repo, defer_snapshots=True))
-        job = serialize_value(JobDataSnap.from_job_def(repo.get_job(PIPELINES_JOB), include_parent_snapshot=True))
-        bound = {key: {k: type(r).__name__ for k, r in a.resource_defs.items()}
-                 for a in repo.asset_graph.assets_defs if a.is_executable for key in a.keys}
-        return snap, job, bound
-
-    ours = built()
-    stage_keys = {spec.key for a in definitions.build_definitions(platform).resolve_asset_graph().assets_defs
-                  for spec in a.specs if "lakehouse/pipeline" in (spec.tags or {})}
-    assert len(stage_keys) == 9 and not stage_keys & set(copied)  # no stage asset copied to bind resources
-    # another binding (dg.materialize(assets, resources=...)) replaces them, as for an unbound asset
-    stage = next(a for a in definitions.build_definitions(platform).assets if getattr(a, "keys", ()) and
-                 a.key in stage_keys)
+    repo = definitions.build_definitions(platform).get_repository_def()
+    stages = [a for a in repo.asset_graph.assets_defs if a.is_executable
+              and any("lakehouse/pipeline" in (spec.tags or {}) for spec in a.specs)]
+    assert len({k for a in stages for k in a.keys}) == 9
+    assert all(set(a.resource_defs) >= {"lakehouse", "pyspark", "iceberg_io_manager"} for a in stages)
+    stage = next(a for a in definitions.build_definitions(platform, pipelines=["p0"]).assets
+                 if isinstance(a, dg.AssetsDefinition))
     other = {"lakehouse": dg.ResourceDefinition.hardcoded_resource(1),
              "pyspark": dg.ResourceDefinition.hardcoded_resource(2), "iceberg_io_manager": dg.mem_io_manager}
     [rebound] = dg.with_resources([stage], other)
     assert all(rebound.resource_defs[k] is r for k, r in other.items()) and rebound is not stage
-    copied.clear()
-    monkeypatch.setattr(definitions, "_bind_once", lambda a: a)  # Dagster binds them, as without this
-    monkeypatch.setattr(definitions, "_wrapped", lambda resources: (resources, None))
-    dagsters = built()
-    assert stage_keys <= set(copied)
-    assert ours[0] == dagsters[0] and ours[1] == dagsters[1]
-    assert ours[2] == dagsters[2] and all(set(ours[2][k]) >= {"lakehouse", "pyspark", "iceberg_io_manager"}
-                                          for k in stage_keys)

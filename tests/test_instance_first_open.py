@@ -31,7 +31,7 @@ def _open(home: str, barrier, results) -> None:
     try:
         import dagster as dg
 
-        import lakehouse.throughput.dagster_storage  # noqa: F401 - the template's storage class
+        import lakehouse.compat.dagster  # noqa: F401 - the template's storage class
 
         barrier.wait(timeout=60)
         os.environ["DAGSTER_HOME"] = home
@@ -46,7 +46,7 @@ def _open(home: str, barrier, results) -> None:
 def test_processes_opening_a_fresh_instance_at_once_all_succeed(tmp_path, monkeypatch):
     import dagster  # noqa: F401 - imported before the fork, so the children start at once
 
-    import lakehouse.throughput.dagster_storage  # noqa: F401
+    import lakehouse.compat.dagster  # noqa: F401
 
     ctx = mp.get_context("fork")
     for r in range(ROUNDS):
@@ -73,3 +73,24 @@ def test_processes_opening_a_fresh_instance_at_once_all_succeed(tmp_path, monkey
         with dg.DagsterInstance.get() as inst:
             assert {run.run_id for run in inst.get_runs()} == set(out)
         assert Path(home / ".storage-initialised").exists()
+
+
+def test_a_home_made_from_an_older_template_is_made_again_and_the_old_file_kept(tmp_path, monkeypatch):
+    """A dagster.yaml written before the platform stopped replacing Dagster's storage and compute logs
+    names modules that no longer exist: the default home is made again from the current template,
+    the old file kept beside it, and the instance opens."""
+    from lakehouse.settings import load_settings
+    from lakehouse.throughput.instance import ensure_home
+
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    monkeypatch.setenv("LAKEHOUSE_HOME", str(tmp_path))
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    old = ("storage:\n  custom:\n    module: lakehouse.throughput.dagster_storage\n    class: LakehouseSqliteStorage\n"
+           f"    config:\n      base_dir: {home}\ncompute_logs:\n  module: lakehouse.throughput.compute_logs\n"
+           "  class: ThreadMirrorComputeLogManager\n")
+    (home / "dagster.yaml").write_text(old)
+    assert ensure_home(load_settings()) == home
+    text = (home / "dagster.yaml").read_text()
+    assert "lakehouse.compat.dagster" in text and "lakehouse.throughput" not in text
+    assert (home / "dagster.yaml.bak").read_text() == old

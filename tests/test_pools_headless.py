@@ -2,7 +2,7 @@
 under LAKEHOUSE_HOME (created from deploy/dagster.dev.yaml), so two `lakehouse run` processes on
 one source with max_concurrent 1 never read it at the same time. And the instance's SQLite storage
 hands a slot to one claimer at a time even when processes claim in the same instant (Dagster's
-stock SQLite claim does not: tests/README of lakehouse/throughput/dagster_storage.py)."""
+stock SQLite claim does not: lakehouse/compat/dagster.py)."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -197,8 +198,11 @@ def test_apply_syncs_the_headless_instance_and_says_what_is_not_enforced(home, t
     out, err = capsys.readouterr()
     assert f"dagster pools ({home / 'dagster_home'}): set source:orders_raw=1" in out and "NOT enforced" not in err
     template = Path(__file__).resolve().parent.parent / "deploy" / "dagster.dev.yaml"
-    assert (home / "dagster_home" / "dagster.yaml").read_text() == template.read_text()
-    instance = dg.DagsterInstance.get()
+    # the template, its storage under this home by path (nothing writes DAGSTER_HOME into the environment)
+    assert (home / "dagster_home" / "dagster.yaml").read_text() == template.read_text().replace(
+        "{env: DAGSTER_HOME}", json.dumps(str(home / "dagster_home")))
+    assert "DAGSTER_HOME" not in os.environ
+    instance = dg.DagsterInstance.from_config(str(home / "dagster_home"))
     assert {p.name: p.limit for p in instance.event_log_storage.get_pool_limits()}["source:orders_raw"] == 1
     from lakehouse.throughput.instance import unenforced
 

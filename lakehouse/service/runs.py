@@ -46,11 +46,10 @@ class RunGateway:
         self._lock = threading.Lock()
 
     def _request_context(self, reload: bool = False):
-        from dagster._core.workspace.context import WorkspaceProcessContext
-        from dagster._core.workspace.load_target import WorkspaceFileTarget
+        from lakehouse.compat.dagster import workspace_context
 
         if self._context is None:
-            self._context = WorkspaceProcessContext(self.instance, WorkspaceFileTarget(paths=[str(self.workspace)]))
+            self._context = workspace_context(self.instance, str(self.workspace))
         elif reload:
             self._context.reload_code_location(self.location_name)
         ctx = self._context.create_request_context()
@@ -72,7 +71,7 @@ class RunGateway:
 
     def submit(self, job_name: str, run_id: str, tags: dict[str, str]) -> str:
         """Create the run from the code location and submit it to the run coordinator."""
-        from dagster._cli.job import _create_run  # what `dagster job launch` does
+        from lakehouse.compat.dagster import create_run  # what `dagster job launch` does
 
         with self._lock:
             for attempt in (1, 2):
@@ -83,10 +82,7 @@ class RunGateway:
                     if attempt == 1:  # an application registered since the code location loaded
                         continue
                     raise LookupError(f"job {job_name!r} is not in code location {self.location_name!r}")
-                remote_job = repo.get_full_job(job_name)
-                run = _create_run(instance=self.instance, code_location=location, remote_repo=repo,
-                                  remote_job=remote_job, run_config={}, tags=tags, op_selection=None,
-                                  run_id=run_id)
+                run = create_run(self.instance, location, repo, job_name, tags, run_id)
                 return self.instance.submit_run(run.run_id, ctx).run_id
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -2,8 +2,9 @@
 
 Pools are honoured only by a persistent instance. `lakehouse run` and `metadata apply` therefore
 use `$DAGSTER_HOME`, or — when it is not set — `$LAKEHOUSE_HOME/dagster_home`, created from
-`deploy/dagster.dev.yaml` exactly as `scripts/up.sh` does for `dagster dev`: the CLI, the UI and
-the daemon share one instance and one set of pool limits. `--ephemeral` (or
+`deploy/dagster.dev.yaml` as `scripts/up.sh` does for `dagster dev` (its `{env: DAGSTER_HOME}` written
+out as the home's path, so the instance opens with `DagsterInstance.from_config` and nothing here
+writes the environment): the CLI, the UI and the daemon share one instance and one set of pool limits. `--ephemeral` (or
 `LAKEHOUSE_DAGSTER_EPHEMERAL=1`) opts out, and then every max_concurrent throttle is reported as
 not enforced. Creating the home is serialised by a file lock: two first runs at once must not both
 initialise the instance's databases or its pool slots.
@@ -11,8 +12,8 @@ initialise the instance's databases or its pool slots.
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,10 @@ if TYPE_CHECKING:
 
 EPHEMERAL_ENV = "LAKEHOUSE_DAGSTER_EPHEMERAL"
 TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "dagster.dev.yaml"
+HOME_REF = "{env: DAGSTER_HOME}"  # what the template's storage base_dir says
+#: modules an older template named (Dagster internals the platform no longer replaces): a home made
+#: from it is made again from the current template
+RETIRED = ("lakehouse.throughput.dagster_storage", "lakehouse.throughput.compute_logs")
 #: tags of a headless run, so a later run can tell that its process is gone (slots to reclaim)
 PID_TAG, HOST_TAG = "lakehouse/pid", "lakehouse/host"
 
@@ -44,9 +49,34 @@ def dagster_home(settings: Settings) -> Path:
     return Path(home) if home else settings.home / "dagster_home"
 
 
+def _write_config(home: Path) -> None:
+    """The default home's dagster.yaml: the template, its storage under this home by path. An older
+    copy that names `{env: DAGSTER_HOME}` is rewritten the same way (inside the caller's lock)."""
+    cfg = home / "dagster.yaml"
+    text = cfg.read_text() if cfg.exists() else None
+    if text is not None and any(m in text for m in RETIRED):
+        cfg.with_name("dagster.yaml.bak").write_text(text)  # the operator's copy, for their own edits
+        text = None
+    if text is not None:
+        if HOME_REF not in text:
+            return
+    else:
+        if not TEMPLATE.is_file():
+            raise FileNotFoundError(f"no instance template at {TEMPLATE}: set DAGSTER_HOME to a Dagster instance")
+        text = TEMPLATE.read_text()
+    cfg.write_text(text.replace(HOME_REF, json.dumps(str(home))))  # a JSON string is a YAML string
+
+
+def open_instance(home: Path) -> dg.DagsterInstance:
+    """The persistent instance of `home` (its dagster.yaml), without reading or writing DAGSTER_HOME."""
+    import dagster as dg
+
+    return dg.DagsterInstance.from_config(str(home))
+
+
 def ensure_home(settings: Settings) -> Path:
-    """DAGSTER_HOME for this process: the configured one, or the default under LAKEHOUSE_HOME
-    (created with the template's dagster.yaml if missing). Sets DAGSTER_HOME in this process."""
+    """The Dagster home for this process: $DAGSTER_HOME, or the default under LAKEHOUSE_HOME
+    (created with the template's dagster.yaml if missing)."""
     home, instance = ensure_instance(settings)
     instance.dispose()
     return home
@@ -55,20 +85,14 @@ def ensure_home(settings: Settings) -> Path:
 def ensure_instance(settings: Settings) -> tuple[Path, dg.DagsterInstance]:
     """`ensure_home`, and the instance it opened to create the storage: a run keeps it (opening
     the instance again costs what the first open did, minus creating the databases)."""
-    from lakehouse.throughput.dagster_storage import file_lock
+    from lakehouse.compat.dagster import file_lock
 
     home = dagster_home(settings)
     home.mkdir(parents=True, exist_ok=True)
     with file_lock(str(home / ".init.lock")):
-        cfg = home / "dagster.yaml"
-        if not cfg.exists() and not os.environ.get("DAGSTER_HOME"):
-            if not TEMPLATE.is_file():
-                raise FileNotFoundError(f"no instance template at {TEMPLATE}: set DAGSTER_HOME to a Dagster instance")
-            shutil.copyfile(TEMPLATE, cfg)
-        os.environ["DAGSTER_HOME"] = str(home)
-        import dagster as dg
-
-        instance = dg.DagsterInstance.get()  # first use creates the storage: inside the lock
+        if not os.environ.get("DAGSTER_HOME"):
+            _write_config(home)
+        instance = open_instance(home)  # first use creates the storage: inside the lock
     return home, instance
 
 
@@ -127,13 +151,10 @@ def run_tags() -> dict[str, str]:
 def instance_from_env() -> dg.DagsterInstance | None:
     """The persistent instance under $DAGSTER_HOME (default $LAKEHOUSE_HOME/dagster_home, the one
     headless runs use: lakehouse.throughput.instance), or None when there is none to sync."""
-    home = dagster_home(load_settings())
-    if not home.is_dir():
+    settings = load_settings()
+    if not dagster_home(settings).is_dir():
         return None
-    os.environ["DAGSTER_HOME"] = str(home)
-    import dagster as dg
-
-    return dg.DagsterInstance.get()
+    return ensure_instance(settings)[1]
 
 
 def sync_pools(platform: Platform, instance: dg.DagsterInstance | None = None) -> PoolSync | None:
@@ -150,11 +171,12 @@ def sync_pools(platform: Platform, instance: dg.DagsterInstance | None = None) -
         if instance is None:
             _home, instance = ensure_instance(platform.settings)
         result = sync_instance(instance, catalog)
+        where = instance.root_directory
     except Exception as exc:  # the metadata is applied; the sensor retries the sync on its next tick
         print(f"warning: dagster pools not synced ({type(exc).__name__}: {exc}); "
               "the lakehouse_throughput_sync sensor will retry", file=sys.stderr)
         return None
-    print(f"dagster pools ({os.environ.get('DAGSTER_HOME')}): {result.summary()}")
+    print(f"dagster pools ({where}): {result.summary()}")
     for line in unenforced(catalog, instance):
         print(f"warning: {line}", file=sys.stderr)
     return result
