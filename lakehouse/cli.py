@@ -51,6 +51,10 @@ def cmd_metadata(args) -> int:
 
         print(render())
         return 0
+    if args.action in ("validate", "apply"):  # Python transformation modules next to the metadata import
+        from lakehouse.metadata.python_ref import search_in
+
+        search_in(Path(args.path) if Path(args.path).is_dir() else Path(args.path).parent)
     if args.action == "validate":  # reads the files (and the catalog, if there is one): writes nothing
         from lakehouse.metadata.checks import unchecked
         from lakehouse.settings import load_settings
@@ -205,6 +209,14 @@ def cmd_branches(args) -> int:
         print(f"{args.table} @ {args.branch}: {df.count()} rows (main: {tables.read(args.table).count()})")
         df.show(args.rows, truncate=False)
     elif args.action == "drop":
+        refs = tables.refs_if_exists(args.table)
+        if refs is None or args.branch not in refs:  # nothing to drop: say so, and what there is
+            there = ", ".join(sorted(b for b in refs or {} if b != "main")) or "none but main"
+            print(f"error: {args.table} has no branch {args.branch!r}" if refs is not None else
+                  f"error: no table {args.table!r}", file=sys.stderr)
+            if refs is not None:
+                print(f"its branches: {there} (`lakehouse branches list {args.table}`)", file=sys.stderr)
+            return 1
         n = hygiene.drop_branch_and_commits(tables, args.table, args.branch)
         print(f"dropped branch {args.branch} of {args.table} ({n} commit(s) only it held expired)")
     elif args.action == "prune":
