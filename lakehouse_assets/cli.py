@@ -58,6 +58,8 @@ def cmd_run(args) -> int:
         # (lakehouse.engine) starts none.
         platform.warm_spark()
     # Dagster is imported here, not when the parser is built: every other command starts without it
+    from dagster import DagsterEventType
+
     from lakehouse.throughput.dagster_storage import keep_open
     from lakehouse_assets.definitions import build_definitions, pipeline_job
     from lakehouse_assets.run_summary import record, stage_keys, summarize
@@ -88,7 +90,11 @@ def cmd_run(args) -> int:
                                         asset_selection=sorted(job.asset_layer.selected_asset_keys),
                                         tags={"lakehouse/pipeline": args.pipeline, "lakehouse/launched_by": "cli",
                                               **run_tags()})
-        summary = summarize(result.all_events, result.run_id, args.pipeline,
+        # the checks the run planned are logged when it is created, not in the execution's events: a
+        # check without a result is "not evaluated" (lakehouse_assets.run_summary)
+        planned = [r.dagster_event for r in headless.instance.all_logs(
+            result.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED) if r.dagster_event is not None]
+        summary = summarize([*planned, *result.all_events], result.run_id, args.pipeline,
                             stage_keys(catalog, args.pipeline, job.asset_layer.selected_asset_keys))
         summary.warn_error = warn_error
         record(headless.instance if headless.persistent else None, platform, summary, args.pipeline)
