@@ -119,7 +119,31 @@ def cmd_metadata(args) -> int:
 
     routes = sync_lineage(platform.store)  # dataset_lineage holds every route; recovery paths recomputed
     print(f"lineage: {routes['dataset_lineage']} edge(s), {routes['dataset_recovery_paths']} recovery path(s)")
+    for note in _modules_outside_metadata_dir(loaded.catalog, Path(args.path), platform.settings.metadata_dir):
+        print(f"note: {note}")
     return 0
+
+
+def _modules_outside_metadata_dir(catalog, path: Path, metadata_dir: Path) -> list[str]:
+    """Python transformation modules found next to the applied files but outside the metadata
+    directory that runs import them from (LAKEHOUSE_METADATA_DIR): they would not be found there."""
+    import importlib.util
+
+    here = (path if path.is_dir() else path.parent).resolve()
+    if here == Path(metadata_dir).resolve():
+        return []
+    notes = []
+    for st in catalog.stages:
+        if st.python_transformation is None:
+            continue
+        top = st.python_transformation.function.partition(":")[0].split(".")[0]
+        spec = importlib.util.find_spec(top)
+        origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
+        if origin is not None and here in origin.parents:
+            notes.append(f"stage {st.pipeline_id}.{st.stage_name}'s module {top!r} is in {here}, but runs import "
+                         f"transformation modules from the metadata directory {metadata_dir} (LAKEHOUSE_METADATA_DIR): "
+                         f"set LAKEHOUSE_METADATA_DIR={here} for the CLI, dagster dev and lakehouse serve")
+    return notes
 
 
 def cmd_workspace(args) -> int:

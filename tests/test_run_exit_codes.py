@@ -237,6 +237,11 @@ def test_a_transformation_module_is_found_next_to_the_metadata_and_a_missing_one
     assert "Fix: put h5_meter_transforms.py (or a package h5_meter_transforms/) in the metadata directory" in err
     (meta / "h5_meter_transforms.py").write_text("def shape(inputs):\n    return next(iter(inputs.values()))\n")
     assert cli(["metadata", "validate", str(meta)]) == 0, capsys.readouterr().err
+    # applied from a directory that is not LAKEHOUSE_METADATA_DIR: apply says where runs will look
+    assert cli(["metadata", "apply", str(meta)]) == 0
+    out = capsys.readouterr().out
+    assert (f"note: stage py.shape's module 'h5_meter_transforms' is in {meta.resolve()}, but runs import "
+            "transformation modules from the metadata directory") in out, out
     # a process that runs stages imports it from the metadata directory (LAKEHOUSE_METADATA_DIR)
     env = {**os.environ, "LAKEHOUSE_METADATA_DIR": str(meta)}
     code = ("from lakehouse.platform import Platform; Platform.from_env(); "
