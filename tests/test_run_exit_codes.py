@@ -158,11 +158,18 @@ def test_a_disabled_middle_stage_skips_itself_and_its_downstream_while_upstream_
 
 def test_a_disabled_pipeline_launched_anyway_skips_every_step_without_failing(lake):
     """A UI launch (the asset job with the pipeline's stages selected) of a disabled pipeline: every step
-    skips with the reason naming `lakehouse pipeline enable`, no step fails, no stack trace."""
+    skips with the reason naming `lakehouse pipeline enable`, no step fails, no stack trace. (And the
+    assets' kind badges name the engines that write them.)"""
     from lakehouse_assets.definitions import build_definitions, pipeline_job
 
     land(lake, "a", good(1))
     assert cli(["pipeline", "disable", "ex"]) == 0
+    # asset kinds name the engines that write each asset (not `spark` for all)
+    kinds = {k.to_user_string(): sorted(t[len("dagster/kind/"):] for t in spec.tags if t.startswith("dagster/kind/"))
+             for k, spec in ((s.key, s) for s in build_definitions(lake).resolve_all_asset_specs())
+             if k.path[0] in ("bronze", "silver", "gold")}
+    assert kinds == {"bronze/ex": ["arrow", "iceberg"], "silver/ex": ["arrow", "duckdb", "iceberg"],
+                     "gold/ex": ["arrow", "duckdb", "iceberg"], "gold/sp": ["iceberg", "spark"]}, kinds
     job = pipeline_job(build_definitions(lake, pipelines=["ex"]), "ex")
     result = job.execute_in_process(instance=dg.DagsterInstance.ephemeral(), raise_on_error=False,
                                     asset_selection=sorted(job.asset_layer.selected_asset_keys))
@@ -233,7 +240,8 @@ def test_a_transformation_module_is_found_next_to_the_metadata_and_a_missing_one
     capsys.readouterr()
     assert cli(["metadata", "validate", str(meta)]) == 2
     err = capsys.readouterr().err
-    assert "module 'h5_meter_transforms' is not found" in err and str(meta.resolve()) in err, err
+    assert "module 'h5_meter_transforms' does not import: ModuleNotFoundError" in err, err
+    assert "looked in the metadata director(ies) " in err and str(meta.resolve()) in err, err
     assert "Fix: put h5_meter_transforms.py (or a package h5_meter_transforms/) in the metadata directory" in err
     (meta / "h5_meter_transforms.py").write_text("def shape(inputs):\n    return next(iter(inputs.values()))\n")
     assert cli(["metadata", "validate", str(meta)]) == 0, capsys.readouterr().err

@@ -34,12 +34,13 @@ def search_in(*directories: str | Path | None) -> None:
             sys.path.append(path)
 
 
-def _missing_module_hint(module_name: str, exc: ModuleNotFoundError) -> str:
-    top = (exc.name or module_name).split(".")[0]
+def _missing_module_hint(module_name: str, missing: str) -> str:
     where = ", ".join(SEARCHED) or "no metadata directory (LAKEHOUSE_METADATA_DIR is not set)"
-    return (f"module {module_name!r} is not found (No module named {exc.name!r}); looked in the metadata "
-            f"director(ies) {where} and the Python path. Fix: put {top}.py (or a package {top}/) in the "
-            "metadata directory (LAKEHOUSE_METADATA_DIR), or install it into the platform's environment")
+    file = missing.replace(".", "/")
+    return (f"module {module_name!r} does not import: ModuleNotFoundError: No module named {missing!r}; looked "
+            f"in the metadata director(ies) {where} and the Python path. Fix: put {file}.py (or a package "
+            f"{file}/) in the metadata directory (LAKEHOUSE_METADATA_DIR), or install it into the platform's "
+            "environment")
 
 
 def reference_problem(ref: str) -> str | None:
@@ -49,8 +50,8 @@ def reference_problem(ref: str) -> str | None:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name and module_name.split(".")[0] == exc.name.split(".")[0]:  # the module itself, not its import
-            return _missing_module_hint(module_name, exc)
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):  # not one it imports
+            return _missing_module_hint(module_name, exc.name)
         return f"module {module_name!r} does not import: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     except Exception as exc:  # noqa: BLE001 - any import failure is the metadata's problem, reported
         return f"module {module_name!r} does not import: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
