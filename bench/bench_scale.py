@@ -116,7 +116,7 @@ def timed(cmd: list[str], env: dict[str, str], timeout: float = 3600) -> tuple[f
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     wall = time.monotonic() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode not in (0, 3):  # lakehouse run: 3 = success with warnings
+    if proc.returncode != 0:  # lakehouse run: warnings exit 0 too
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

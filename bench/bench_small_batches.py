@@ -105,7 +105,7 @@ def one_run(engine: str, rows: int, warm: bool = False, rollup: bool = False) ->
     if warm:
         land(home / "landing" / "events", 10, tag="first")
         first = subprocess.run([*cli, "run", "bench"], env=env, capture_output=True, text=True)
-        if first.returncode not in (0, 3):
+        if first.returncode != 0:
             raise SystemExit(f"{engine} first arrival failed ({first.returncode}):\n{first.stdout[-3000:]}")
     size = land(home / "landing" / "events", rows)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -114,7 +114,7 @@ def one_run(engine: str, rows: int, warm: bool = False, rollup: bool = False) ->
     took = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    if proc.returncode not in (0, 3):
+    if proc.returncode != 0:
         raise SystemExit(f"{engine} {rows} rows failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     from lakehouse.metadata.store import MetadataStore
 

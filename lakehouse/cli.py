@@ -51,6 +51,10 @@ def cmd_metadata(args) -> int:
 
         print(render())
         return 0
+    if args.action in ("validate", "apply"):  # Python transformation modules next to the metadata import
+        from lakehouse.metadata.python_ref import search_in
+
+        search_in(Path(args.path) if Path(args.path).is_dir() else Path(args.path).parent)
     if args.action == "validate":  # reads the files (and the catalog, if there is one): writes nothing
         from lakehouse.metadata.checks import unchecked
         from lakehouse.settings import load_settings
@@ -115,7 +119,31 @@ def cmd_metadata(args) -> int:
 
     routes = sync_lineage(platform.store)  # dataset_lineage holds every route; recovery paths recomputed
     print(f"lineage: {routes['dataset_lineage']} edge(s), {routes['dataset_recovery_paths']} recovery path(s)")
+    for note in _modules_outside_metadata_dir(loaded.catalog, Path(args.path), platform.settings.metadata_dir):
+        print(f"note: {note}")
     return 0
+
+
+def _modules_outside_metadata_dir(catalog, path: Path, metadata_dir: Path) -> list[str]:
+    """Python transformation modules found next to the applied files but outside the metadata
+    directory that runs import them from (LAKEHOUSE_METADATA_DIR): they would not be found there."""
+    import importlib.util
+
+    here = (path if path.is_dir() else path.parent).resolve()
+    if here == Path(metadata_dir).resolve():
+        return []
+    notes = []
+    for st in catalog.stages:
+        if st.python_transformation is None:
+            continue
+        top = st.python_transformation.function.partition(":")[0].split(".")[0]
+        spec = importlib.util.find_spec(top)
+        origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
+        if origin is not None and here in origin.parents:
+            notes.append(f"stage {st.pipeline_id}.{st.stage_name}'s module {top!r} is in {here}, but runs import "
+                         f"transformation modules from the metadata directory {metadata_dir} (LAKEHOUSE_METADATA_DIR): "
+                         f"set LAKEHOUSE_METADATA_DIR={here} for the CLI, dagster dev and lakehouse serve")
+    return notes
 
 
 def cmd_workspace(args) -> int:
@@ -205,6 +233,14 @@ def cmd_branches(args) -> int:
         print(f"{args.table} @ {args.branch}: {df.count()} rows (main: {tables.read(args.table).count()})")
         df.show(args.rows, truncate=False)
     elif args.action == "drop":
+        refs = tables.refs_if_exists(args.table)
+        if refs is None or args.branch not in refs:  # nothing to drop: say so, and what there is
+            there = ", ".join(sorted(b for b in refs or {} if b != "main")) or "none but main"
+            print(f"error: {args.table} has no branch {args.branch!r}" if refs is not None else
+                  f"error: no table {args.table!r}", file=sys.stderr)
+            if refs is not None:
+                print(f"its branches: {there} (`lakehouse branches list {args.table}`)", file=sys.stderr)
+            return 1
         n = hygiene.drop_branch_and_commits(tables, args.table, args.branch)
         print(f"dropped branch {args.branch} of {args.table} ({n} commit(s) only it held expired)")
     elif args.action == "prune":

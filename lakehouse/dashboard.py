@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from lakehouse.validation.history import check_history, pass_rates
@@ -37,6 +38,13 @@ class RuleRow:
     evaluations: int
     pass_rate: float
     failed_rows_trend: list[int]  # oldest → newest, over the same last N evaluations
+    #: why the newest run of its stage did not evaluate it (its stage skipped, ...): its status is then
+    #: "not evaluated", as in the run summary and the Dagster UI; the pass rate counts evaluations only
+    not_evaluated: str | None = None
+
+    @property
+    def status(self) -> str:
+        return "not evaluated" if self.not_evaluated is not None else "pass" if self.last_passed else "FAIL"
 
 
 @dataclass
@@ -67,7 +75,7 @@ class QualityOverview:
 
     @property
     def failing(self) -> list[RuleRow]:
-        return [r for r in self.rules if not r.last_passed]
+        return [r for r in self.rules if r.status == "FAIL"]
 
     def dataset(self, name: str) -> DatasetRow | None:
         return next((d for d in self.datasets if d.dataset == name), None)
@@ -89,9 +97,49 @@ def compute_overview(platform: Platform, last_n: int = 20) -> QualityOverview:
             evaluations=pr["evaluations"], pass_rate=pr["pass_rate"],
             failed_rows_trend=[int(h["failed_rows"] or 0) for h in reversed(hist)],
         ))
-    names = {r.dataset for r in rows} | {t.identifier for t in platform.catalog().targets}
+    catalog = platform.catalog()
+    skipped = not_evaluated(platform, catalog)
+    for r in rows:
+        ts, why = skipped.pop((r.dataset, r.rule), (None, None))
+        if ts is not None and (r.last_ts is None or ts > r.last_ts):
+            r.not_evaluated = why
+    for (dataset, rule), (_ts, why) in sorted(skipped.items()):  # never evaluated yet
+        rows.append(RuleRow(dataset, rule, "", False, None, "", 0, 0.0, [], not_evaluated=why))
+    rows.sort(key=lambda r: (r.dataset, r.rule))
+    names = {r.dataset for r in rows} | {t.identifier for t in catalog.targets}
     return QualityOverview(last_n, rows, [_dataset_row(platform, n) for n in sorted(names)],
                            alert_rows(platform, last_n))
+
+
+def not_evaluated(platform: Platform, catalog, runs: int = 200) -> dict[tuple[str, str], tuple[datetime, str]]:
+    """{(dataset, rule): (when, why)} of the checks the newest run summary of their stage
+    (`audit_log` event run_summary, the one `lakehouse run` prints and the summary sensor writes
+    for UI runs) lists as not evaluated; a check that summary evaluated is left out."""
+    import sqlalchemy as sa
+
+    from lakehouse.metadata.schema import audit_log
+
+    ident = {f"{s.pipeline_id}.{s.stage_name}": t.identifier for s in catalog.stages
+             for t in [next((t for t in catalog.targets if t.target_id == s.target_id), None)] if t is not None}
+    q = (sa.select(audit_log.c.ts, audit_log.c.details).where(audit_log.c.event == "run_summary")
+         .order_by(audit_log.c.id.desc()).limit(runs))
+    platform.store.create_all()
+    with platform.store.engine.connect() as conn:
+        entries = conn.execute(q).all()
+    seen: set[tuple[str, str]] = set()
+    out: dict[tuple[str, str], tuple[datetime, str]] = {}
+    for ts, details in entries:  # newest first: the first summary naming a check decides
+        ts = ts.replace(tzinfo=UTC) if isinstance(ts, datetime) and ts.tzinfo is None else ts
+        for st in (json.loads(details or "{}").get("stages") or []):
+            dataset = ident.get(st.get("stage") or "")
+            for c in st.get("checks") or [] if dataset else []:
+                key = (dataset, c.get("name"))
+                if key in seen:
+                    continue
+                seen.add(key)
+                if not c.get("evaluated", True):
+                    out[key] = (ts, c.get("message") or st.get("skipped_reason") or "not evaluated")
+    return out
 
 
 def alert_rows(platform: Platform, limit: int) -> list[AlertRow]:
@@ -151,12 +199,15 @@ def render_markdown(ov: QualityOverview) -> str:
         "| dataset | rule | severity | last result | pass rate | failing rows (oldest → newest) | last message |",
         "|---|---|---|---|---|---|---|",
     ]
-    ordered = sorted(ov.rules, key=lambda r: (r.last_passed, r.dataset, r.rule))
+    rank = {"FAIL": 0, "not evaluated": 1, "pass": 2}
+    ordered = sorted(ov.rules, key=lambda r: (rank[r.status], r.dataset, r.rule))
     for r in ordered:
-        result = "✅ pass" if r.last_passed else "❌ FAIL"
+        result = {"pass": "✅ pass", "FAIL": "❌ FAIL", "not evaluated": "⏸ not evaluated"}[r.status]
+        rate = f"{r.pass_rate:.0%} ({r.evaluations})" if r.evaluations else "—"
+        message = f"not evaluated: {r.not_evaluated}" if r.not_evaluated is not None else r.last_message
         lines.append(
             f"| {_cell(r.dataset)} | {_cell(r.rule)} | {r.severity} | {result} | "
-            f"{r.pass_rate:.0%} ({r.evaluations}) | {_trend(r.failed_rows_trend)} | {_cell(r.last_message[:120])} |"
+            f"{rate} | {_trend(r.failed_rows_trend)} | {_cell(message[:120])} |"
         )
     if not ov.rules:
         lines.append("| — | no check has run yet | | | | | |")
@@ -196,7 +247,7 @@ def render_png(ov: QualityOverview) -> bytes:
 
     labels = [f"{r.dataset}.{r.rule}" for r in ov.rules] or ["(no checks yet)"]
     rates = [r.pass_rate * 100 for r in ov.rules] or [0]
-    colors = [("#2e7d32" if r.last_passed else "#c62828") for r in ov.rules] or ["#9e9e9e"]
+    colors = [{"pass": "#2e7d32", "FAIL": "#c62828"}.get(r.status, "#9e9e9e") for r in ov.rules] or ["#9e9e9e"]
     height = max(3.0, 0.35 * len(labels) + 1.5)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, height), gridspec_kw={"width_ratios": [3, 2]})
     try:
@@ -204,7 +255,7 @@ def render_png(ov: QualityOverview) -> bytes:
         for y, rate in enumerate(rates):
             ax1.text(min(rate, 88) + 1, y, f"{rate:.0f}%", va="center", fontsize=8)
         ax1.set_xlim(0, 100)
-        ax1.set_xlabel(f"pass rate % (last {ov.last_n}; red = last result failed)")
+        ax1.set_xlabel(f"pass rate % (last {ov.last_n}; red = last result failed, grey = not evaluated)")
         ax1.invert_yaxis()
         ax1.tick_params(axis="y", labelsize=8)
         plotted = False
@@ -240,6 +291,7 @@ def summary(ov: QualityOverview) -> dict[str, Any]:
     return {
         "rules": len(ov.rules),
         "failing_rules": len(ov.failing),
+        "not_evaluated_rules": sum(r.status == "not evaluated" for r in ov.rules),
         "datasets": len(ov.datasets),
         "quarantined_rows": sum(d.quarantine_rows or 0 for d in ov.datasets),
         "open_audit_branches": sum(len(d.open_audit_branches) for d in ov.datasets),

@@ -41,6 +41,9 @@ class Platform:
         from lakehouse.fileperms import apply_umask
 
         apply_umask()  # what the platform creates is owner-only (LAKEHOUSE_UMASK)
+        from lakehouse.metadata.python_ref import search_in
+
+        search_in(self.settings.metadata_dir)  # Python transformation modules live next to the metadata
 
     @property
     def s3(self) -> S3Clients:

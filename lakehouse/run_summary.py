@@ -2,7 +2,14 @@
 
 Plain data in, plain data out: the Dagster layer (`lakehouse_assets/run_summary.py`) turns a
 run's events into `StageReport`s; this module decides each stage's status, the run's outcome and
-exit code, and renders the table. Rows read = what the stage's input delivered: the source's own
+exit code, and renders the table.
+
+Exit codes follow dbt's and SQLMesh's convention: a run that did what its metadata says exits 0,
+also when rules quarantined rows or warn-severity checks failed (the summary says so); those
+warnings exit 3 only with `--warn-error` (or the platform setting `run.warn_error: true`); a
+failure exits 1; a run a kill switch stopped before it started exits 4 (not a failure).
+
+Rows read = what the stage's input delivered: the source's own
 count when it gives one (JDBC), else rows written + quarantined + dropped. For a merge target,
 "written" is Iceberg's added-records (rewritten rows included).
 """
@@ -13,9 +20,15 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SUCCESS, WARNINGS, FAILED = "success", "success_with_warnings", "failed"
-#: exit codes of `lakehouse run` (2 is the CLI's "bad input / configuration")
-EXIT_CODES = {SUCCESS: 0, FAILED: 1, WARNINGS: 3}
+SUCCESS, WARNINGS, FAILED, STOPPED = "success", "success_with_warnings", "failed", "stopped"
+#: exit codes of `lakehouse run` (2 is the CLI's "bad input / configuration"); warnings exit 0
+#: unless they are errors (`--warn-error`, platform setting `run.warn_error`): then WARN_ERROR_EXIT
+EXIT_CODES = {SUCCESS: 0, WARNINGS: 0, FAILED: 1, STOPPED: 4}
+WARN_ERROR_EXIT = 3
+#: the platform setting (metadata `platform_settings`) that makes warnings exit WARN_ERROR_EXIT
+WARN_ERROR_SETTING = "run.warn_error"
+#: materialization metadata: {check name: why it was not evaluated} (a skipped stage, a disabled rule)
+NOT_EVALUATED = "checks_not_evaluated"
 
 
 @dataclass
@@ -25,7 +38,7 @@ class CheckReport:
     severity: str  # warn | error
     failed_rows: int | None = None
     message: str = ""
-    evaluated: bool = True  # False: nothing new to audit (skipped stage)
+    evaluated: bool = True  # False: not evaluated in this run (its stage skipped or failed first); message says why
 
     def text(self) -> str:
         if not self.evaluated:
@@ -80,15 +93,21 @@ class RunSummary:
     stages: list[StageReport]
     run_failed: bool = False
     run_error: str = ""
+    warn_error: bool = False  # warnings are errors: exit WARN_ERROR_EXIT (the outcome stays what happened)
+    stopped: str = ""  # a kill switch stopped the run before it started: who and when
 
     @property
     def outcome(self) -> str:
+        if self.stopped:
+            return STOPPED
         if self.run_failed or any(s.status in ("failed", "not run") for s in self.stages):
             return FAILED
         return WARNINGS if any(s.warnings for s in self.stages) else SUCCESS
 
     @property
     def exit_code(self) -> int:
+        if self.outcome == WARNINGS and self.warn_error:
+            return WARN_ERROR_EXIT
         return EXIT_CODES[self.outcome]
 
     def rows(self) -> list[dict[str, Any]]:
@@ -112,13 +131,19 @@ class RunSummary:
             return "  ".join(str(r[c]).rjust(width[c]) if c in right else str(r[c]).ljust(width[c])
                              for c in cols).rstrip()
 
+        if self.stopped:
+            return f"stopped: {self.stopped}"
         label = {SUCCESS: "SUCCESS", WARNINGS: "SUCCESS with warnings", FAILED: "FAILURE"}[self.outcome]
+        if self.outcome == WARNINGS and self.warn_error:
+            label += " (warnings are errors: --warn-error)"
         out = [f"run {self.run_id} ({self.job}): {label}", line({c: c for c in cols}),
                line({c: "-" * width[c] for c in cols})]
         for s, r in zip(self.stages, rows, strict=True):
             out.append(line(r))
             if s.checks:
                 out.append("    checks: " + "; ".join(c.text() for c in s.checks))
+                why = sorted({c.message for c in s.checks if not c.evaluated and c.message and c.message != s.skipped_reason})
+                out.extend(f"    not evaluated: {w}" for w in why)
             if s.skipped_reason:
                 out.append(f"    skipped: {s.skipped_reason}")
             if s.failure:
@@ -140,6 +165,8 @@ class RunSummary:
                     "branch": s.branch,
                     "checks": {c.name: ("ok" if c.passed else f"{c.severity}:{c.failed_rows or 0}") if c.evaluated
                                else "not evaluated" for c in s.checks}} for s in self.stages]
+        if self.stopped:
+            compact = [{"stopped": self.stopped}]
         return {"lakehouse/outcome": self.outcome,
                 "lakehouse/summary": json.dumps(compact, separators=(",", ":"), default=str)}
 

@@ -78,9 +78,13 @@ class StageRunner(StageContext):
     def extract(self) -> ExtractPlan:
         try:
             require_enabled(self, "before extract")
-        except DatasetDisabled as exc:  # a source/target switched off: nothing to read, the load skips too
-            return ExtractPlan(self.stage.pipeline_id, self.stage.stage_name, kind=SKIPPED,
-                               source_id=self.stage.source_id, skipped_reason=str(exc))
+        except StageDisabled as exc:  # a kill switch (pipeline, stage, source, target): nothing to read, the load skips too
+            return self._skipped_plan(str(exc))
+        upstream_off = self._upstream_disabled()
+        if upstream_off:  # a disabled stage upstream in the pipeline: this one skips with it
+            self.log.warning("%s", upstream_off)
+            self.audit("kill_switch", outcome="skipped", message=f"before extract: {upstream_off}")
+            return self._skipped_plan(upstream_off)
         coordination.hold_lease(self.platform, self.run_id, self.target.identifier)  # claims live with it
         try:
             plan = self._extract()
@@ -89,6 +93,23 @@ class StageRunner(StageContext):
             raise
         coordination.end_step(self.platform, self.run_id, self.target.identifier)
         return plan
+
+    def _skipped_plan(self, reason: str) -> ExtractPlan:
+        return ExtractPlan(self.stage.pipeline_id, self.stage.stage_name, kind=SKIPPED,
+                           source_id=self.stage.source_id, skipped_reason=reason)
+
+    def _upstream_disabled(self) -> str | None:
+        """Why this stage skips with a disabled stage upstream of it in its pipeline (None: it does not)."""
+        from lakehouse.control.flags import upstream_disabled
+
+        def tables_read() -> dict[str, list[str]]:
+            from lakehouse.metadata.derived import read_structure
+
+            structure = read_structure(self.platform.store, [self.stage.pipeline_id])
+            return {s: list(d.upstream_tables) for (p, s), d in structure.derived.items()
+                    if p == self.stage.pipeline_id}
+
+        return upstream_disabled(self.catalog, self.stage.pipeline_id, self.stage.stage_name, tables_read)
 
     def _extract(self) -> ExtractPlan:
         # probes the default upstream and reroutes over the lineage graph when it is down;
@@ -130,11 +151,12 @@ class StageRunner(StageContext):
         in the materialization metadata.
         """
         try:
-            if plan.kind == SKIPPED:  # the extract skipped it (source/target off): re-check before any I/O
-                require_enabled(self, "before load")
+            if plan.kind == SKIPPED:  # the extract skipped it (a kill switch): skipped here too, without I/O
+                require_enabled(self, "before load")  # still off: its own reason
+                return StagedLoad(plan, self.wap().skip_disabled(plan.skipped_reason or "skipped"))
             # the Spark work of each attempt is cancelled past the step's timeout (never a hung run)
             return run_with_healing(self, "load", lambda: guard_step(self, "load", lambda: self._stage(plan)))
-        except DatasetDisabled as exc:  # switched off: nothing reaches main, the step is skipped
+        except StageDisabled as exc:  # switched off: nothing reaches main, the step is skipped (not a failure)
             return StagedLoad(plan, self.wap().skip_disabled(str(exc)))
         except BaseException:  # the step ends here: its claims and the lease with it
             coordination.release_lease(self.platform, self.run_id, self.target.identifier)
@@ -152,7 +174,7 @@ class StageRunner(StageContext):
 
         try:
             outcome = run_with_healing(self, "load", lambda: guard_step(self, "load", attempt))
-        except DatasetDisabled as exc:  # switched off in flight: nothing reaches main, the step is skipped
+        except StageDisabled as exc:  # switched off in flight: nothing reaches main, the step is skipped
             return self.wap().skip_disabled(str(exc))
         finally:  # claims and the lease end with the step, whatever happened
             coordination.release_lease(self.platform, self.run_id, self.target.identifier)

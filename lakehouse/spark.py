@@ -280,7 +280,8 @@ def start_early(argv: list[str], settings_of: Callable[[], Settings]) -> threadi
     Spark: the pipeline has a Python stage or a SQL stage on Spark SQL (the Arrow engine writes
     neither, so the run's own decision, `lakehouse.engines.choice.may_need_spark`, says the same; a DuckDB
     SQL stage may run without a JVM, and is left to that decision). Decided from the embedded
-    control DB with the standard library's sqlite3 and nothing else; any doubt (another database,
+    control DB with the standard library's sqlite3 and nothing else (a disabled pipeline starts
+    none: its run is stopped before it starts); any doubt (another database,
     no such file or table, another command, LAKEHOUSE_SPARK_WARMUP=0) starts nothing here and
     leaves the decision to the run, as before. A wrong guess costs a JVM: `release_jvm_at_exit`
     (at the run's end, or at exit if the run never starts) kills one still starting. `settings_of`
@@ -301,10 +302,15 @@ def start_early(argv: list[str], settings_of: Callable[[], Settings]) -> threadi
 
         con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=1)
         try:
+            # and only while the pipeline may run: a kill switch stops the run before it starts (no JVM)
             found = con.execute(
                 "SELECT 1 FROM stages WHERE pipeline_id = ? AND (python_transformation IS NOT NULL OR "
-                "((transformation IS NOT NULL OR transformation_file IS NOT NULL) AND coalesce(sql_engine, 'spark') <> 'duckdb')) LIMIT 1",
-                (argv[1],)).fetchone()
+                "((transformation IS NOT NULL OR transformation_file IS NOT NULL) AND coalesce(sql_engine, 'spark') <> 'duckdb')) "
+                "AND NOT EXISTS (SELECT 1 FROM control_flags WHERE entity_type = 'platform' AND entity_id = '*' "
+                "AND flag_name = 'enabled' AND NOT flag_value) "
+                "AND coalesce((SELECT flag_value FROM control_flags WHERE entity_type = 'pipeline' AND entity_id = ? "
+                "AND flag_name = 'enabled'), (SELECT enabled FROM pipelines WHERE pipeline_id = ?)) LIMIT 1",
+                (argv[1], argv[1], argv[1])).fetchone()
         finally:
             con.close()
     except Exception:  # noqa: BLE001 - a guess only: the run decides again after its imports

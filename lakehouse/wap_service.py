@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from lakehouse import alerts, coordination
 from lakehouse.branches import drop_branch_and_commits, keep_failed_audit, tidy_before_write
 from lakehouse.control import faults
-from lakehouse.control.flags import dataset_gate
+from lakehouse.control.flags import dataset_gate, enable_command
 from lakehouse.control.healing import run_with_healing
 from lakehouse.core import AuditFailed, Batch, DatasetDisabled, ExtractPlan, StageContext, StageDisabled, StageOutcome
 from lakehouse.engines.spark import SparkEngine
@@ -62,8 +62,9 @@ class Audited:
 
 
 def require_enabled(ctx: StageContext, when: str) -> None:
-    """The kill switch: pipeline/stage flags stop the step (StageDisabled), source/target flags skip
-    it (DatasetDisabled). Read from the control DB at every call, so a flip applies in flight."""
+    """The kill switch: pipeline/stage flags (StageDisabled) and source/target flags (DatasetDisabled)
+    stop the step; the runner skips it with the reason (a kill switch is not a failure). Read from
+    the control DB at every call, so a flip applies in flight."""
     store = ctx.platform.store
     if ctx.described_by_metadata:
         ok, reason = store.enabled(ctx.stage.pipeline_id, ctx.stage.stage_name)
@@ -72,8 +73,7 @@ def require_enabled(ctx: StageContext, when: str) -> None:
     if not ok:
         ctx.audit("kill_switch", outcome="stopped", message=f"{when}: {reason}")
         exc = StageDisabled(f"{reason}; stopped {when}. Re-enable with "
-                            f"`lakehouse pipeline enable {ctx.stage.pipeline_id}` or "
-                            f"`lakehouse stage enable {ctx.stage.pipeline_id} {ctx.stage.stage_name}`.")
+                            f"`{enable_command(reason, ctx.stage.pipeline_id, ctx.stage.stage_name)}`.")
         alerts.kill_switch_stopped(ctx, str(exc))
         raise exc
     gate = dataset_gate(store, [ctx.stage.source_id, ctx.source_override], ctx.target.target_id)

@@ -13,12 +13,14 @@ import sys
 
 from lakehouse.alerts import run_finished
 from lakehouse.cli import _env_flag as env_flag
+from lakehouse.control.flags import pipeline_stopped
 from lakehouse.dagster_runs import failure_summary
 from lakehouse.engines.choice import may_need_spark
 from lakehouse.lineage.background import in_background as lineage_in_background
 from lakehouse.metadata.derived import read_structure
 from lakehouse.platform import Platform
 from lakehouse.pyarrow_probes import answer_pandas_probes
+from lakehouse.run_summary import WARN_ERROR_SETTING, RunSummary
 from lakehouse.spark import release_jvm_at_exit
 from lakehouse.startup import resume_collector
 from lakehouse.throughput.instance import headless_instance, run_tags
@@ -28,9 +30,20 @@ def cmd_run(args) -> int:
     """Materialize a pipeline headless through the same Definitions the UI loads, on the persistent
     Dagster instance (so pools hold), and end with the per-stage summary (lakehouse.run_summary)."""
     platform = Platform.from_env()
+    stopped = pipeline_stopped(platform.store, args.pipeline)
+    if stopped:  # a kill switch is not a failure: no run, no JVM, no stack trace; its own exit code
+        platform.store.audit(pipeline_id=args.pipeline, event="kill_switch", action="run", outcome="stopped",
+                             message=f"lakehouse run not started: {stopped}")
+        summary = RunSummary("-", args.pipeline, [], stopped=stopped)
+        print(summary.table())
+        print(f"Fix: `lakehouse pipeline enable {args.pipeline}` (then run it again)", file=sys.stderr)
+        return summary.exit_code
     # this pipeline's rows (and the throttles), not every pipeline's: a run's cost does not grow with the platform
     catalog = read_structure(platform.store, [args.pipeline]).catalog
     settings_rows = platform.store.load(["platform_settings"]).platform_settings
+    warn_error = getattr(args, "warn_error", False) or any(
+        r.setting_key == WARN_ERROR_SETTING and r.setting_value.strip().lower() in ("true", "1", "yes", "on")
+        for r in settings_rows)
     spark_maybe = may_need_spark(catalog.model_copy(update={"platform_settings": settings_rows}), args.pipeline)
     if not spark_maybe and getattr(args, "own_process", False):
         # an Arrow-only run hands pyarrow no pandas objects: its probes for them are answered
@@ -45,6 +58,8 @@ def cmd_run(args) -> int:
         # (lakehouse.engines.choice) starts none.
         platform.warm_spark()
     # Dagster is imported here, not when the parser is built: every other command starts without it
+    from dagster import DagsterEventType
+
     from lakehouse_assets.definitions import build_definitions, pipeline_job
     from lakehouse_assets.run_summary import record, stage_keys, summarize
 
@@ -73,8 +88,13 @@ def cmd_run(args) -> int:
                                         asset_selection=sorted(job.asset_layer.selected_asset_keys),
                                         tags={"lakehouse/pipeline": args.pipeline, "lakehouse/launched_by": "cli",
                                               **run_tags()})
-        summary = summarize(result.all_events, result.run_id, args.pipeline,
+        # the checks the run planned are logged when it is created, not in the execution's events: a
+        # check without a result is "not evaluated" (lakehouse_assets.run_summary)
+        planned = [r.dagster_event for r in headless.instance.all_logs(
+            result.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED) if r.dagster_event is not None]
+        summary = summarize([*planned, *result.all_events], result.run_id, args.pipeline,
                             stage_keys(catalog, args.pipeline, job.asset_layer.selected_asset_keys))
+        summary.warn_error = warn_error
         record(headless.instance if headless.persistent else None, platform, summary, args.pipeline)
         print(summary.table())
         if not result.success:  # no daemon may be watching this instance: raise the run-failure alert here
@@ -88,9 +108,13 @@ def cmd_run(args) -> int:
 
 def register(sub) -> None:
     """The `run` subcommand, added to the `lakehouse` parser (entry point `lakehouse.cli`)."""
-    r = sub.add_parser("run", help="materialize a pipeline headless (same code as the UI); exit 0 success, "
-                                   "3 success with warnings (a warn check failed, rows quarantined), 1 failure")
+    r = sub.add_parser("run", help="materialize a pipeline headless (same code as the UI); exit 0 success "
+                                   "(warnings included: a warn check failed, rows quarantined), 1 failure, "
+                                   "3 warnings with --warn-error, 4 stopped by a kill switch (not started)")
     r.add_argument("pipeline")
+    r.add_argument("--warn-error", action="store_true",
+                   help=f"warnings are errors: exit 3 when a warn-severity check failed or rows were quarantined "
+                        f"(also the platform setting {WARN_ERROR_SETTING}: true)")
     r.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                    help="print Dagster's event stream (default: only warnings, then the summary)")
     r.add_argument("--ephemeral", action="store_true",

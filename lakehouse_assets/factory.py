@@ -34,11 +34,14 @@ import dagster as dg
 
 from lakehouse.control.retry import retry_exception
 from lakehouse.core import AuditFailed
+from lakehouse.engines.choice import asked_engine
 from lakehouse.metadata import periods
 from lakehouse.metadata.assets import pipeline_paths
 from lakehouse.metadata.derive import StageDerivation
 from lakehouse.metadata.derived import Structure
+from lakehouse.metadata.engine_support import arrow_blockers, duckdb_sql_stage
 from lakehouse.metadata.model import MetadataCatalog, Stage
+from lakehouse.run_summary import NOT_EVALUATED
 from lakehouse.runner import StageRunner
 from lakehouse.throughput.profiles import op_priority
 from lakehouse.validation import CheckOutcome
@@ -46,7 +49,6 @@ from lakehouse_assets.preflight import preflight
 from resources.io_manager import LAZY, StageWrite, audit_failure, step_errors
 
 KINDS_BY_SOURCE = {"files": "file", "s3": "s3", "jdbc": "postgres", "iceberg": "iceberg"}
-STAGE_KINDS = ("spark", "iceberg")
 
 
 def stage_asset_key(catalog: MetadataCatalog, stage: Stage) -> dg.AssetKey:
@@ -113,6 +115,20 @@ class Graph:
                 deps_by_column[col] = deps
         return {"dagster/column_lineage": dg.TableColumnLineage(deps_by_column=deps_by_column)} if deps_by_column \
             else {}
+
+
+def stage_kinds(g: Graph, stage: Stage) -> list[str]:
+    """The asset's kind badges: the engines that may write it (spark; arrow when the Arrow engine can
+    and is asked to, both for `auto`), duckdb when its SQL runs there, then its format (iceberg). At
+    most three: Dagster shows three kinds."""
+    target = g.targets[stage.target_id]
+    asked = asked_engine(g.catalog, target)[0]
+    arrow = asked != "spark" and not arrow_blockers(
+        stage, target, g.sources.get(stage.source_id or ""),
+        g.catalog.rule_set(stage.validation_set_id).rules if stage.validation_set_id else [])
+    kinds = (["duckdb"] if duckdb_sql_stage(stage) else []) + (["arrow"] if arrow else []) \
+        + (["spark"] if not arrow or asked == "auto" else [])
+    return (kinds + ["iceberg"])[:3]
 
 
 def check_result(key: dg.AssetKey, outcome: CheckOutcome) -> dg.AssetCheckResult:
@@ -222,15 +238,18 @@ class _Load:
         except AuditFailed as exc:  # the failed checks, then the failure: no output, no materialization
             yield from self.results(exc.outcomes)
             raise audit_failure(runner, exc) from exc
+        evaluated = {o.rule.name for o in staged.outcome.checks}
+        not_evaluated = {n: staged.outcome.skipped_reason or "rule disabled" for n in sorted(step.spec_names - evaluated)}
+        if not_evaluated:  # why, on the materialization (the UI), for the summary and the dashboard
+            staged.outcome.extra[NOT_EVALUATED] = not_evaluated
         write = StageWrite(runner, staged, retry=retry)
         yield dg.Output(write, "result")  # the IO manager publishes it here
         outcome = write.outcome
-        reported = {o.rule.name for o in outcome.checks}
+        # a check not evaluated gets no result: Dagster shows it as skipped (never a pass it did not earn)
         yield from self.results(outcome.checks)
-        for name in sorted(step.spec_names - reported):  # nothing new to audit (skipped run): say so, no fake pass
-            yield dg.AssetCheckResult(asset_key=key, check_name=name, passed=True,
-                                      metadata={"message": outcome.skipped_reason or "rule disabled"},
-                                      description=f"not evaluated: {outcome.skipped_reason or 'rule disabled'}")
+        for name in sorted(step.spec_names - {o.rule.name for o in outcome.checks}):
+            context.log.info(f"check {key.to_user_string()}:{name} not evaluated: "
+                             f"{outcome.skipped_reason or not_evaluated.get(name) or 'rule disabled'}")
 
     def results(self, outcomes: list[CheckOutcome]) -> Iterator[dg.AssetCheckResult]:
         """The asset check results of the stage's checks among `outcomes`."""
@@ -379,7 +398,7 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
         description=description,
         metadata=metadata,
         tags={"lakehouse/pipeline": stage.pipeline_id, "lakehouse/layer": stage.layer,
-              **{f"dagster/kind/{k}": "" for k in STAGE_KINDS}},
+              **{f"dagster/kind/{k}": "" for k in stage_kinds(g, stage)}},
         owners=owners,
         group_name=stage.layer,
         partitions_def=partitions.get("partitions_def"),

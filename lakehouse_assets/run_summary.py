@@ -16,7 +16,7 @@ import dagster as dg
 
 from lakehouse.dagster_runs import stage_node
 from lakehouse.metadata.model import MetadataCatalog
-from lakehouse.run_summary import CheckReport, RunSummary, StageReport
+from lakehouse.run_summary import NOT_EVALUATED, CheckReport, RunSummary, StageReport
 from resources.lakehouse import LakehouseResource
 
 SENSOR_NAME = "lakehouse_run_summary"
@@ -56,6 +56,8 @@ def summarize(events: Iterable[dg.DagsterEvent], run_id: str, job: str,
     reports = {k.to_user_string(): StageReport(k.to_user_string(), name) for k, name in stages}
     by_base = {k.to_python_identifier(): k.to_user_string() for k, _ in stages}
     run_failed, run_error = False, ""
+    planned: dict[str, list[str]] = {}  # asset -> its checks the run's steps were to evaluate
+    not_evaluated: dict[str, dict[str, str]] = {}  # asset -> {check: why not}, from its materialization
     for ev in events:
         kind = ev.event_type_value
         if kind == "ASSET_MATERIALIZATION":
@@ -70,6 +72,13 @@ def summarize(events: Iterable[dg.DagsterEvent], run_id: str, job: str,
             r.quarantined = _int(_value(md, "quarantined_rows")) or 0
             r.skipped_reason = _value(md, "skipped_reason")
             r.snapshot_id = _value(md, "snapshot_id")
+            why = _value(md, NOT_EVALUATED)
+            if isinstance(why, dict):
+                not_evaluated.setdefault(r.asset, {}).update(why)
+        elif kind == "ASSET_CHECK_EVALUATION_PLANNED":
+            ce = ev.event_specific_data
+            if ce.asset_key.to_user_string() in reports:
+                planned.setdefault(ce.asset_key.to_user_string(), []).append(ce.check_name)
         elif kind == "ASSET_CHECK_EVALUATION":
             ce = ev.event_specific_data
             r = reports.get(ce.asset_key.to_user_string())
@@ -84,7 +93,7 @@ def summarize(events: Iterable[dg.DagsterEvent], run_id: str, job: str,
             r.checks.append(CheckReport(
                 ce.check_name, bool(ce.passed), "error" if ce.severity == dg.AssetCheckSeverity.ERROR else "warn",
                 _int(_value(md, "failed_rows")), str(_value(md, "message") or ce.description or ""),
-                evaluated="failed_rows" in md))  # the factory reports a skipped stage's rules without counts
+                evaluated="failed_rows" in md))
         elif kind == "STEP_FAILURE":
             base = stage_node(ev.step_key or "")
             r = reports.get(by_base.get(base, ""))
@@ -102,6 +111,15 @@ def summarize(events: Iterable[dg.DagsterEvent], run_id: str, job: str,
         elif kind == "RUN_FAILURE":
             run_failed = True
             run_error = _first_lines(ev.message or "")
+    for asset, names in planned.items():  # a check without a result was not evaluated: say so, and why
+        r = reports[asset]
+        done = {c.name for c in r.checks}
+        if not r.materialized:
+            continue  # failed or not run: the stage's own line says why
+        for name in dict.fromkeys(names):
+            if name not in done:
+                why = not_evaluated.get(asset, {}).get(name) or r.skipped_reason or "not evaluated in this run"
+                r.checks.append(CheckReport(name, False, "", None, why, evaluated=False))
     return RunSummary(run_id, job, list(reports.values()), run_failed, run_error)
 
 

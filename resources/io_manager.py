@@ -61,7 +61,8 @@ class StageWrite:
 @contextmanager
 def step_errors(retry: Callable[[Exception], BaseException | None]) -> Iterator[None]:
     """How a stage step's errors reach Dagster, in its ops and in `handle_output` alike: a failed
-    audit passes as is (the caller reports it), a kill switch fails the step, any other unhealed
+    audit passes as is (the caller reports it), a kill switch that reaches here fails the step (a stage's
+    runner skips its step instead: a kill switch is not a failure), any other unhealed
     error goes to the stage's retry policy (read now: a RetryRequested, or the error itself)."""
     try:
         yield

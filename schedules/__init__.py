@@ -38,8 +38,11 @@ class _Evaluate:
     def __call__(self, context: dg.ScheduleEvaluationContext):
         platform = context.resources.lakehouse.platform()
         ok, reason = platform.store.enabled(self.pipeline_id)
-        if not ok:
-            return dg.SkipReason(reason)
+        if not ok:  # a kill switch: no run, and the tick says who disabled it and when
+            from lakehouse.control.flags import pipeline_stopped
+
+            return dg.SkipReason(f"{pipeline_stopped(platform.store, self.pipeline_id) or reason}; no run "
+                                 f"requested. Re-enable with `lakehouse pipeline enable {self.pipeline_id}`")
         return dg.RunRequest(asset_selection=self.selection,
                              tags=request_tags(platform.store, self.pipeline_id, instance_of(context)))
 

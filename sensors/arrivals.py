@@ -153,6 +153,9 @@ def evaluate(context: dg.SensorEvaluationContext, platform: Platform, watched: S
         reported.pop(gone, None)
     context.update_cursor(json.dumps({"cursors": cursors, "reported": reported}, sort_keys=True))
     summary = f"{len(watched)} source(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    disabled = [f"{w.name}: {_state(results[w.name])[1]}" for w in watched if _state(results[w.name])[0] == "disabled"]
+    if disabled and not requests:  # why nothing started: the kill switch, with its reason
+        summary += "; disabled: " + "; ".join(disabled[:5]) + (f" … ({len(disabled)} in all)" if len(disabled) > 5 else "")
     if errors:
         summary += "; errors: " + "; ".join(errors[:5]) + (f" … ({len(errors)} in all)" if len(errors) > 5 else "")
     if errors and not requests and len(errors) == len(watched):

@@ -60,14 +60,16 @@ def test_one_tick_for_every_source_with_a_cursor_and_a_state_each(three, monkeyp
         "raw0", "bronze_ingest", "2")
     assert states(first) == {"p0": "new_files", "p1": "disabled", "p2": "idle"}  # first tick: every source
     obs = {e.asset_key: e for e in first.asset_events}
-    assert "disabled by control_flags" in obs[dg.AssetKey(["sources", "raw1"])].metadata["reason"].value
+    # a pipeline's kill switch says who threw it and when
+    assert obs[dg.AssetKey(["sources", "raw1"])].metadata["reason"].value.startswith("pipeline p1 disabled by test at ")
     cursor = json.loads(first.cursor)
     assert set(cursor["cursors"]) == {"p0.bronze_ingest"}  # one cursor per source that has seen files
 
     second = tick(defs, sensor, instance, first.cursor)
     assert not second.run_requests
     assert states(second) == {"p0": "idle"}  # only a change of state is an event
-    assert second.skip_message == "3 source(s): 1 disabled, 2 idle"
+    assert second.skip_message.startswith("3 source(s): 1 disabled, 2 idle; disabled: p1.bronze_ingest: pipeline p1 "
+                                          "disabled by test at "), second.skip_message
 
     # a source whose listing fails is that source's state, not the tick's
     import lakehouse.ingest.arrivals as arrivals

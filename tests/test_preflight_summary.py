@@ -14,7 +14,7 @@ import pytest
 from lakehouse.cli import main as cli
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.preflight import problems_for
-from lakehouse.run_summary import FAILED, SUCCESS, WARNINGS, CheckReport, RunSummary, StageReport
+from lakehouse.run_summary import FAILED, STOPPED, SUCCESS, WARNINGS, CheckReport, RunSummary, StageReport
 from tests.conftest import seed_control_db
 from tests.test_static_checks import SHOP, shop
 
@@ -113,7 +113,12 @@ def summary_with_warn_quarantine_and_skip() -> RunSummary:
 
 def test_run_summary_rows_outcome_and_exit_code():
     s = summary_with_warn_quarantine_and_skip()
-    assert s.outcome == WARNINGS and s.exit_code == 3
+    # the ecosystem's convention (dbt, SQLMesh): warnings exit 0; --warn-error makes them exit 3
+    assert s.outcome == WARNINGS and s.exit_code == 0
+    s.warn_error = True
+    assert s.exit_code == 3 and s.table().splitlines()[0].endswith("SUCCESS with warnings (warnings are errors: "
+                                                                   "--warn-error)")
+    s.warn_error = False
     assert s.rows() == [
         {"asset": "bronze/orders", "status": "published", "read": "100", "written": "97", "quarantined": 3,
          "snapshot / branch": "snapshot 111"},
@@ -140,6 +145,9 @@ def test_run_summary_rows_outcome_and_exit_code():
     assert "    failed: blocking rule(s) amount_small" in text and "amount_small FAILED 2 failing" in text
     assert "gold/sales        not run" in text
     assert RunSummary("r2", "j", [StageReport("a/b", materialized=True, rows_written=1)]).outcome == SUCCESS
+    stopped = RunSummary("-", "shop", [], stopped="pipeline shop disabled by cli at 2026-01-01 00:00:00 UTC")
+    assert stopped.outcome == STOPPED and stopped.exit_code == 4 and stopped.table() == (
+        "stopped: pipeline shop disabled by cli at 2026-01-01 00:00:00 UTC")
 
 
 def test_tables_are_readable_with_duckdb_as_the_readme_shows(tmp_path, monkeypatch, capsys):

@@ -52,7 +52,9 @@ class MetadataStore(Protocol):
 #: the tables whose rows a stage's derivation reads
 INPUT_SECTIONS = frozenset({"stages", "targets", "sources", "validation_rules"})
 #: what the definitions are built from
-STRUCTURE_SECTIONS = ("pipelines", "stages", "targets", "sources", "validation_rules", "applications")
+#: platform_settings: the engine defaults say which engine writes a stage (its asset's kinds)
+STRUCTURE_SECTIONS = ("pipelines", "stages", "targets", "sources", "validation_rules", "applications",
+                      "platform_settings")
 _JSON = ("upstream_tables", "column_lineage", "check_specs", "output_columns")
 
 

@@ -885,6 +885,9 @@ class PlatformSetting(Entity):
             check_maintenance_setting(self.setting_key, self.setting_value)
         if self.setting_key.startswith("engine."):
             check_engine_setting(self.setting_key, self.setting_value)
+        if self.setting_key == "run.warn_error" and self.setting_value.strip().lower() not in (
+                "true", "false", "1", "0", "yes", "no", "on", "off"):
+            raise ValueError(f"run.warn_error must be true or false, not {self.setting_value!r}")
         return self
 
 

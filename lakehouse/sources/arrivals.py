@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lakehouse.control.flags import stage_enabled
+from lakehouse.control.flags import pipeline_stopped, stage_enabled
 from lakehouse.ingest.arrivals import ArrivalDecision
 from lakehouse.sources.base import registered_adapter
 
@@ -23,8 +23,9 @@ def poll_arrivals(platform: Platform, pipeline_id: str, stage_name: str, cursor:
     """`catalog`: the metadata as loaded once for a tick over many sources (default: load it now)."""
     catalog = catalog or platform.catalog()
     ok, reason = stage_enabled(platform.store, catalog, pipeline_id, stage_name)  # + source / target flags
-    if not ok:
-        return ArrivalDecision(skip_reason=reason, cursor=cursor)
+    if not ok:  # a pipeline's kill switch says who threw it, and when
+        stopped = pipeline_stopped(platform.store, pipeline_id) if not reason.startswith(("source", "target")) else None
+        return ArrivalDecision(skip_reason=stopped or reason, cursor=cursor)
     stage = catalog.stage(pipeline_id, stage_name)
     source = catalog.source(stage.source_id)
     return poll_source(platform, source, cursor, catalog.target(stage.target_id).identifier)
