@@ -20,7 +20,8 @@ process that runs a code server only; a run worker or the CLI does not import th
 from __future__ import annotations
 
 import multiprocessing
-import os
+
+from lakehouse.settings import DagsterSettings, current
 
 ENV = "LAKEHOUSE_RUN_WORKER_START"
 #: imported once by the fork server: what every run worker imports before its first step (Dagster,
@@ -34,7 +35,7 @@ PRELOAD = ("dagster", "dagster._core.storage.runs.sqlite.sqlite_run_storage",
 
 
 def start_method() -> str:
-    value = os.environ.get(ENV, "forkserver").strip().lower() or "forkserver"
+    value = current(DagsterSettings).run_worker_start.strip().lower()
     if value not in ("forkserver", "spawn"):
         raise ValueError(f"{ENV}={value!r}: expected 'forkserver' (the default) or 'spawn'")
     return value

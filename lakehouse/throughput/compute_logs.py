@@ -39,6 +39,8 @@ from dagster._core.storage.compute_log_manager import CapturedLogContext, Comput
 from dagster._core.storage.local_compute_log_manager import IO_TYPE_EXTENSION, LocalComputeLogManager
 from dagster._utils import ensure_file, touch_file
 
+from lakehouse.settings import DagsterSettings, current
+
 MIRROR_POLL_SECONDS = 0.1
 
 
@@ -93,7 +95,7 @@ class ThreadMirrorComputeLogManager(LocalComputeLogManager):
 
     def __init__(self, base_dir: str | None = None, polling_timeout: float | None = None, inst_data=None):
         if base_dir is None:  # Dagster's default for a local instance (dagster._core.instance.ref)
-            base_dir = os.path.join(os.environ.get("DAGSTER_HOME") or os.getcwd(), "storage")
+            base_dir = os.path.join(current(DagsterSettings).dagster_home or os.getcwd(), "storage")
         super().__init__(base_dir, polling_timeout=polling_timeout, inst_data=inst_data)
 
     @classmethod

@@ -93,6 +93,8 @@ from sqlalchemy import __version__ as SQLALCHEMY_VERSION
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
 
+from lakehouse.settings import DagsterSettings, PathSettings, current
+
 LOCK_FILE = ".pool-slots.lock"
 
 
@@ -169,8 +171,9 @@ _TEMPLATES_LOCK = threading.Lock()
 
 
 def _cache_root() -> str:
-    if os.environ.get(CACHE_ENV):
-        return os.environ[CACHE_ENV]
+    configured = current(PathSettings).cache_dir  # LAKEHOUSE_CACHE_DIR
+    if configured:
+        return configured
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(xdg, "lakehouse")
 
@@ -204,7 +207,7 @@ def _build_templates(into: str) -> None:
 def templates() -> str | None:
     """The directory of stamped template databases for this Dagster (built on first use), or None
     when templates are off or the cache directory cannot be written."""
-    if os.environ.get(TEMPLATES_ENV, "") in ("0", "false", "no"):
+    if not current(DagsterSettings).dagster_templates:  # LAKEHOUSE_DAGSTER_TEMPLATES=0
         return None
     final = _templates_path()
     with _TEMPLATES_LOCK:

@@ -84,7 +84,7 @@ def headless_instance(settings: Settings, catalog: MetadataCatalog, *, ephemeral
     """The instance for a headless run, its pools synced from the throttles metadata."""
     import dagster as dg
 
-    if ephemeral or os.environ.get(EPHEMERAL_ENV, "") not in ("", "0"):
+    if ephemeral or settings.dagster_ephemeral:
         inst = dg.DagsterInstance.ephemeral()
         return HeadlessInstance(inst, False, None, unenforced(catalog, inst, "the run uses an ephemeral Dagster "
                                                               "instance (--ephemeral), which ignores pools"))
@@ -142,7 +142,7 @@ def sync_pools(platform: Platform, instance: dg.DagsterInstance | None = None) -
     catalog = platform.store.load()
     if instance is None and not desired_limits(catalog) and not dagster_home(platform.settings).is_dir():
         return None  # no throttles and no instance: nothing to sync, nothing to create
-    if instance is None and os.environ.get(EPHEMERAL_ENV, "") not in ("", "0"):
+    if instance is None and platform.settings.dagster_ephemeral:
         for line in unenforced(catalog, None, f"{EPHEMERAL_ENV} is set: headless runs use an ephemeral instance"):
             print(f"warning: {line}", file=sys.stderr)
         return None
