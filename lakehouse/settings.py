@@ -188,13 +188,13 @@ class ServiceSettings(_Section):
 class RunSettings(_Section):
     """How runs heal, time out, wait and alert; each wins over its `platform_settings` row."""
 
-    healing_max_attempts: int | None = Field(default=None, ge=0, json_schema_extra=_env("", "10"),
+    healing_max_attempts: int | None = Field(default=None, json_schema_extra=_env("", "10"),
                                              description="heals of one step at most (`healing.max_attempts`)")
     step_timeout_ceiling_seconds: float | None = Field(default=None, json_schema_extra=_env("", "21600"),
                                                        description="longest a step's Spark work may run before it "
                                                                    "is cancelled (`step_timeout.ceiling_seconds`; "
                                                                    "stages can set `timeout_seconds`)")
-    outage_window_seconds: float | None = Field(default=None, ge=0, json_schema_extra=_env("", "60"),
+    outage_window_seconds: float | None = Field(default=None, json_schema_extra=_env("", "60"),
                                                 description="how long a step waits for an unreachable control DB "
                                                             "/ catalog before failing (`outage.window_seconds`)")
     alert_backoff_seconds: float = Field(default=30.0, description="first wait before re-sending an undelivered "
@@ -213,7 +213,7 @@ class DagsterSettings(_Section):
                                     "`lakehouse run --ephemeral`); throttles are then reported as NOT enforced")
     dagster_templates: Flag = Field(default=True, description="a new instance's SQLite databases are copied from "
                                                               "cached templates; `0`: Dagster creates them")
-    run_worker_start: str = Field(default="forkserver", pattern="^(?i:forkserver|spawn)$",
+    run_worker_start: str = Field(default="forkserver",
                                   description="how a code server starts run workers: `forkserver` or `spawn`")
     defs_trace: str | None = Field(default=None, description="a file to append one JSON line to per definitions "
                                                              "build (what was built, how long)")
