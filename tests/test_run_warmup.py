@@ -46,7 +46,9 @@ def _setup(*paths: list[str], run: bool = True) -> None:
         if run else None
     context = dg.InitResourceContext(resource_config=None, resources=None, resource_def=None, all_resource_defs={},
                                      dagster_run=dagster_run)
-    spark_resource(LakehouseResource()).setup_for_execution(context)
+    pyspark = spark_resource(LakehouseResource())
+    pyspark.setup_for_execution(context)
+    pyspark.teardown_after_execution(context)  # the session conf it configured is this run's only
 
 
 def test_a_selection_with_a_sql_stage_starts_the_jvm_before_the_first_step(started):

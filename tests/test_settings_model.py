@@ -184,6 +184,7 @@ def test_the_spark_conf_the_ui_shows_is_the_conf_the_run_uses(monkeypatch, tmp_p
     monkeypatch.setenv("LAKEHOUSE_HOME", str(tmp_path))
     monkeypatch.setenv("LAKEHOUSE_CATALOG_USER", "lake")
     monkeypatch.setenv("LAKEHOUSE_CATALOG_PASSWORD", "cat-pw-6f1e")
+    sparkmod.configure_session(None)  # no run's conf left over in this process
     lakehouse = LakehouseResource()
     settings = lakehouse.settings()
     shown = spark_resource(lakehouse).spark_config
