@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -38,6 +37,7 @@ import sqlalchemy as sa
 from lakehouse.metadata.model import AlertChannel, MetadataCatalog
 from lakehouse.metadata.schema import alert_deliveries, alert_runs, alerts_table
 from lakehouse.metadata.store import MetadataStore
+from lakehouse.settings import RunSettings, current, named_secret
 
 if TYPE_CHECKING:
     from lakehouse.core import AuditFailed, StageContext
@@ -133,7 +133,7 @@ def send_slack(channel: AlertChannel, alert: Alert) -> None:
     from dagster_slack import SlackResource
 
     env = channel.token_env or DEFAULT_SLACK_TOKEN_ENV
-    token = os.environ.get(env)
+    token = named_secret(env)
     if not token:
         raise ChannelConfigError(f"env var {env} (the Slack bot token of channel {channel.channel_id!r}) is not set")
     client = SlackResource(token=token).get_client()
@@ -150,11 +150,11 @@ def send_webhook(channel: AlertChannel, alert: Alert) -> None:
     """POST the alert as JSON; any 2xx is delivered. An optional bearer token comes from token_env."""
     import requests
 
-    url = os.environ.get(channel.url_env) if channel.url_env else channel.url
+    url = named_secret(channel.url_env) if channel.url_env else channel.url
     if not url:
         raise ChannelConfigError(f"env var {channel.url_env} (the URL of channel {channel.channel_id!r}) is not set")
     headers = {"Content-Type": "application/json", **channel.headers}
-    token = os.environ.get(channel.token_env) if channel.token_env else None
+    token = named_secret(channel.token_env)
     if channel.token_env and not token:
         raise ChannelConfigError(f"env var {channel.token_env} (the token of channel {channel.channel_id!r}) is not set")
     if token:
@@ -251,7 +251,7 @@ class DeliveryOutcome:
 
 def backoff(attempts: int) -> timedelta:
     """Wait before the next try: LAKEHOUSE_ALERT_BACKOFF_SECONDS (default 30) doubling, at most 1 h."""
-    base = float(os.environ.get("LAKEHOUSE_ALERT_BACKOFF_SECONDS", BASE_BACKOFF_S))
+    base = current(RunSettings).alert_backoff_seconds  # read when the delivery fails (LAKEHOUSE_ALERT_BACKOFF_SECONDS)
     return timedelta(seconds=min(base * (2 ** max(0, attempts - 1)), MAX_BACKOFF_S))
 
 

@@ -160,13 +160,6 @@ def cmd_workspace(args) -> int:
 
 
 # ---------------------------------------------------------------- runs
-def _env_flag(name: str, default: bool) -> bool:
-    import os
-
-    raw = os.environ.get(name)
-    return default if raw in (None, "") else raw.strip().lower() not in ("0", "false", "no", "off")
-
-
 def cmd_demo(args) -> int:
     from lakehouse.demo import generate_user_events
 

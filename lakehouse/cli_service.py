@@ -17,7 +17,10 @@ TOKEN_ENV = "LAKEHOUSE_API_TOKEN"
 
 
 def cmd_serve(args) -> int:
-    token = os.environ.get(TOKEN_ENV, "")
+    from lakehouse.settings import load_settings
+
+    settings = load_settings()  # the service's one read of the environment
+    token = settings.api_token.get_secret_value() if settings.api_token is not None else ""
     if not token:
         print(f"error: set {TOKEN_ENV} to the bearer token clients must send; the load API never runs open",
               file=sys.stderr)
@@ -32,7 +35,7 @@ def cmd_serve(args) -> int:
     from lakehouse.service.runs import RunGateway
     from lakehouse.throughput.instance import ensure_instance
 
-    platform = Platform.from_env()
+    platform = Platform.from_settings(settings)
     _home, instance = ensure_instance(platform.settings)  # the instance `lakehouse run`, the UI and the daemon share
     gateway = RunGateway(args.workspace, args.location, instance=instance)
     gateway.start()  # the code location loads before the first request

@@ -15,8 +15,14 @@ DEFAULT_UMASK = 0o077
 ENV = "LAKEHOUSE_UMASK"
 
 
-def configured_umask() -> int:
-    raw = os.environ.get(ENV, "").strip()
+def configured_umask(raw: str | None = None) -> int:
+    """The umask `raw` spells (the settings' `umask`); None: the environment's, through the settings
+    model (a process that has no settings object at hand: creating a SQLite file)."""
+    if raw is None:
+        from lakehouse.settings import PathSettings, current
+
+        raw = current(PathSettings).umask
+    raw = (raw or "").strip()
     if not raw:
         return DEFAULT_UMASK
     try:
@@ -28,17 +34,17 @@ def configured_umask() -> int:
     return value
 
 
-def apply_umask() -> int:
+def apply_umask(raw: str | None = None) -> int:
     """Set the process umask (idempotent; every file created afterwards follows it)."""
-    mask = configured_umask()
+    mask = configured_umask(raw)
     os.umask(mask)
     return mask
 
 
-def file_mode() -> int:
-    return 0o666 & ~configured_umask()
+def file_mode(raw: str | None = None) -> int:
+    return 0o666 & ~configured_umask(raw)
 
 
-def hadoop_umask() -> str:
+def hadoop_umask(raw: str | None = None) -> str:
     """For `spark.hadoop.fs.permissions.umask-mode`: Hadoop chmods what it writes to 0666/0777 minus this."""
-    return f"{configured_umask():03o}"
+    return f"{configured_umask(raw):03o}"

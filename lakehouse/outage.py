@@ -19,7 +19,6 @@ may be the database that is down), see `set_window`.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 import time
@@ -29,6 +28,7 @@ from typing import TypeVar
 
 from lakehouse import retry
 from lakehouse.errors import DatabaseUnavailable
+from lakehouse.settings import RunSettings, current
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -65,9 +65,9 @@ _window_from_metadata: float | None = None
 
 
 def window_seconds() -> float:
-    env = os.environ.get(ENV_WINDOW)
-    if env:
-        return max(0.0, float(env))
+    env = current(RunSettings).outage_window_seconds  # LAKEHOUSE_OUTAGE_WINDOW_SECONDS: process-wide, as the window
+    if env is not None:
+        return max(0.0, env)
     return DEFAULT_WINDOW_S if _window_from_metadata is None else _window_from_metadata
 
 

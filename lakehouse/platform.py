@@ -40,7 +40,7 @@ class Platform:
     def __post_init__(self) -> None:
         from lakehouse.fileperms import apply_umask
 
-        apply_umask()  # what the platform creates is owner-only (LAKEHOUSE_UMASK)
+        apply_umask(self.settings.umask)  # what the platform creates is owner-only (LAKEHOUSE_UMASK)
         from lakehouse.metadata.python_ref import search_in
 
         search_in(self.settings.metadata_dir)  # Python transformation modules live next to the metadata

@@ -19,7 +19,6 @@ whose pool would drop and reopen connections past 10.
 from __future__ import annotations
 
 import math
-import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -86,8 +85,11 @@ def s3_resource(settings: Settings | None = None) -> S3Resource:
     settings, region from AWS_DEFAULT_REGION, credentials and profile from the environment."""
     from dagster_aws.s3 import S3Resource
 
+    from lakehouse.settings import CatalogSettings, current
+
     # the settings' endpoint (a LakehouseResource field wins there), else the environment's now
-    endpoint = (settings.s3_endpoint_url if settings is not None else None) or os.environ.get("LAKEHOUSE_S3_ENDPOINT_URL")
+    now = current(CatalogSettings)
+    endpoint = (settings.s3_endpoint_url if settings is not None else None) or now.s3_endpoint_url
     return S3Resource(endpoint_url=endpoint or None,
-                      region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+                      region_name=(settings or now).aws_default_region,
                       max_attempts=DEFAULT_MAX_ATTEMPTS)

@@ -84,14 +84,14 @@ def spark_conf(settings: Settings, app_name: str = "lakehouse") -> dict[str, str
         **catalog_conf(settings),
         "spark.sql.defaultCatalog": settings.catalog_name,
         "spark.sql.session.timeZone": "UTC",
-        "spark.sql.shuffle.partitions": os.environ.get("LAKEHOUSE_SHUFFLE_PARTITIONS", "8"),
-        "spark.ui.enabled": os.environ.get("LAKEHOUSE_SPARK_UI", "false"),
+        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        "spark.ui.enabled": "true" if settings.spark_ui else "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.driver.memory": os.environ.get("LAKEHOUSE_SPARK_DRIVER_MEMORY", "2g"),
+        "spark.driver.memory": settings.spark_driver_memory,
         "spark.sql.sources.partitionOverwriteMode": "dynamic",
         "spark.driver.extraJavaOptions": "-Dderby.system.home=/tmp",
         # Hadoop chmods each file it writes (warehouse data and metadata) itself: owner-only by default
-        "spark.hadoop.fs.permissions.umask-mode": hadoop_umask(),
+        "spark.hadoop.fs.permissions.umask-mode": hadoop_umask(settings.umask),
     }
     if jars:
         conf["spark.jars"] = ",".join(jars)
@@ -102,6 +102,42 @@ def spark_conf(settings: Settings, app_name: str = "lakehouse") -> dict[str, str
         conf["spark.jars.packages"] = settings.spark_packages
     conf.update(settings.spark_conf)
     return conf
+
+
+_SECRET_KEY = ("password", "secret", "token", "credential", "jdbc.user")
+
+
+def is_secret_key(key: str) -> bool:
+    """A Spark setting whose value is a credential: never shown (Dagster UI, logs)."""
+    return any(part in key.lower() for part in _SECRET_KEY)
+
+
+def shown_conf(settings: Settings, app_name: str = "lakehouse") -> dict[str, str]:
+    """`spark_conf` without its credentials: what the Dagster PySpark resource shows."""
+    return {k: v for k, v in spark_conf(settings, app_name).items() if not is_secret_key(k)}
+
+
+_CONFIGURED: dict[str, dict[str, str]] = {}  # "conf": the conf the Dagster PySpark resource gave this process
+
+
+def configure_session(conf: dict[str, str] | None) -> None:
+    """The conf this process's session is built from, as the Dagster PySpark resource holds it (no
+    credentials: `shown_conf`, or what a run's config changed in it); None: `spark_conf(settings)`.
+    The credentials always come from the settings the session is built with (`session_conf`)."""
+    if conf is None:
+        _CONFIGURED.pop("conf", None)
+    else:
+        _CONFIGURED["conf"] = {str(k): str(v) for k, v in conf.items()}
+
+
+def session_conf(settings: Settings, app_name: str = "lakehouse") -> dict[str, str]:
+    """What `get_spark` builds the session from: the conf the PySpark resource shows (when a Dagster
+    run configured one, `configure_session`) plus the credentials of `settings`; else `spark_conf`."""
+    full = spark_conf(settings, app_name)
+    shown = _CONFIGURED.get("conf")
+    if shown is None:
+        return full
+    return {**shown, **{k: v for k, v in full.items() if is_secret_key(k)}}
 
 
 def get_spark(settings: Settings, app_name: str = "lakehouse"):
@@ -117,11 +153,11 @@ def get_spark(settings: Settings, app_name: str = "lakehouse"):
             _ensure_catalog(spark, settings)
         else:
             builder = SparkSession.builder
-            for k, v in spark_conf(settings, app_name).items():
+            for k, v in session_conf(settings, app_name).items():
                 builder = builder.config(k, v)
             _prepare_local_dirs(settings)
             spark = builder.getOrCreate()
-            spark.sparkContext.setLogLevel(os.environ.get("LAKEHOUSE_SPARK_LOG_LEVEL", "WARN"))
+            spark.sparkContext.setLogLevel(settings.spark_log_level)
             _SESSION = spark
             _renew_sqlite_catalog_pool(spark, settings)
     waiting = getattr(_THREAD, "waiting", None)
@@ -231,7 +267,7 @@ def _renew_sqlite_catalog_pool(spark, settings: Settings) -> None:
 
 
 def _prepare_local_dirs(settings: Settings) -> None:
-    apply_umask()  # before the JVM starts: it inherits the process umask
+    apply_umask(settings.umask)  # before the JVM starts: it inherits the process umask
     if settings.warehouse_path is not None:
         settings.warehouse_path.mkdir(parents=True, exist_ok=True)
     prepare_sqlite(settings.catalog_uri)
@@ -289,12 +325,12 @@ def start_early(argv: list[str], settings_of: Callable[[], Settings]) -> threadi
     thread starting it."""
     if len(argv) < 2 or argv[0] != "run" or argv[1].startswith("-") or "-h" in argv or "--help" in argv:
         return None
-    if os.environ.get("LAKEHOUSE_SPARK_WARMUP", "1").strip().lower() in ("0", "false", "no", "off"):
-        return None
     from lakehouse.sqlite_files import sqlite_path
 
     try:
         settings = settings_of()
+        if not settings.spark_warmup:
+            return None
         db = sqlite_path(settings.control_db_url)
         if db is None or not db.is_file():
             return None

@@ -12,7 +12,6 @@ import gc
 import sys
 
 from lakehouse.alerts import run_finished
-from lakehouse.cli import _env_flag as env_flag
 from lakehouse.control.flags import pipeline_stopped
 from lakehouse.dagster_runs import failure_summary
 from lakehouse.engines.choice import may_need_spark
@@ -49,7 +48,7 @@ def cmd_run(args) -> int:
         # an Arrow-only run hands pyarrow no pandas objects: its probes for them are answered
         # without importing pandas (302 modules, ~0.15 s of CPU; lakehouse.pyarrow_probes says when that is safe)
         answer_pandas_probes()
-    if env_flag("LAKEHOUSE_SPARK_WARMUP", True) and spark_maybe:
+    if platform.settings.spark_warmup and spark_maybe:
         # the JVM starts on the other core while Dagster is imported and the job is built, so
         # before those imports (~2 s: the JVM's launch is then what the first stage waits for, as
         # a hand-written script's); with LAKEHOUSE_SPARK_WARMUP=0 it starts only when a step needs

@@ -6,7 +6,6 @@ metadata (a Markdown table with the plot embedded as a data-URI PNG, and the PNG
 
 from __future__ import annotations
 
-import os
 from datetime import UTC, datetime
 
 import dagster as dg
@@ -28,7 +27,7 @@ DASHBOARD_TAG = "lakehouse/dashboard"
 )
 def data_quality_dashboard(context) -> dg.MaterializeResult:
     platform = context.resources.lakehouse.platform()
-    last_n = int(os.environ.get("LAKEHOUSE_DASHBOARD_LAST_N", "20"))
+    last_n = platform.settings.dashboard_last_n
     ov = dashboard.compute_overview(platform, last_n=last_n)
     png = dashboard.render_png(ov)
     out = platform.settings.home / "dashboard"

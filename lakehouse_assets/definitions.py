@@ -35,6 +35,7 @@ from lakehouse.metadata.assets import PIPELINE_TAG
 from lakehouse.metadata.derived import read_structure
 from lakehouse.metadata.model import DEFAULT_CODE_LOCATION, check_ident
 from lakehouse.runner import Platform
+from lakehouse.settings import DagsterSettings, current
 from lakehouse_assets.dashboard import dashboard_definitions
 from lakehouse_assets.entity_raw_assets import entity_raw_definitions
 from lakehouse_assets.factory import Graph, build_source_specs, build_stage_assets, upstream_specs
@@ -93,7 +94,7 @@ def build_definitions(platform: Platform | None = None, *, pipelines: Iterable[s
 def _trace(pipelines: Iterable[str] | None, defs: dg.Definitions, seconds: float, location: str | None = None) -> None:
     """LAKEHOUSE_DEFS_TRACE=<file>: one JSON line per build (process, what was built, how long): how an
     operator, the bench and the tests see what a code server or a run worker built."""
-    path = os.environ.get("LAKEHOUSE_DEFS_TRACE")
+    path = current(DagsterSettings).defs_trace
     if not path:
         return
     line = {"pid": os.getpid(), "location": location, "pipelines": sorted(pipelines) if pipelines is not None else None,

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
 import dagster as dg
 from pydantic import Field
 
-from lakehouse.cli import _env_flag as env_flag
 from lakehouse.platform import Platform
 from lakehouse.s3access import S3Clients
-from lakehouse.settings import ENV_VARS, Settings, load_settings
+from lakehouse.settings import ENV_VARS, PlatformSettings, load_settings, set_in_environment
 
 _UNSET = "Unset: the environment variable of the same setting (lakehouse.settings.ENV_VARS), else the embedded default."
 
@@ -19,8 +16,9 @@ class LakehouseResource(dg.ConfigurableResource):
     """The platform's settings as Dagster configuration, and the `Platform` every asset, check,
     sensor, schedule and the IO manager gets from `platform()`.
 
-    One field per setting (`lakehouse.settings.ENV_VARS`). A field left unset is read from the
-    environment when the platform is built, as the CLI reads it. The code location configures every
+    One field per deployment setting (`lakehouse.settings.ENV_VARS`). A field left unset is read
+    from the environment when the platform is built, as the CLI reads it, together with every other
+    field of `lakehouse.settings.PlatformSettings`. The code location configures every
     setting its environment sets as a `dg.EnvVar` (`from_settings`), so the UI's resource page shows
     the variable's name, never its value: the control DB URL may carry a password, and the S3 and
     catalog credentials stay in the environment altogether (boto3's chain,
@@ -54,10 +52,9 @@ class LakehouseResource(dg.ConfigurableResource):
         """The resource as the code location configures it: each setting the environment sets, as
         an `EnvVar` (resolved by Dagster in the process that runs the step); S3 from settings, made
         when first used."""
-        configured = {name: dg.EnvVar(var) for name, var in ENV_VARS.items() if os.environ.get(var)}
-        return cls(**configured)
+        return cls(**{name: dg.EnvVar(var) for name, var in set_in_environment(ENV_VARS).items()})
 
-    def settings(self) -> Settings:
+    def settings(self) -> PlatformSettings:
         """Settings from this resource's fields, the environment filling what they leave unset.
 
         Inside a run Dagster has resolved every `EnvVar` field; the code location's own build (which
@@ -68,15 +65,15 @@ class LakehouseResource(dg.ConfigurableResource):
         return Platform.from_settings(self.settings(),
                                       S3Clients.from_resource(self.s3) if self.s3 is not None else None)
 
-    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        """A run the UI, a sensor or a schedule launched starts its JVM here, once per run before its
-        first step, when a selected stage may need Spark (`lakehouse.engines.choice.stages_may_need_spark`):
-        the JVM then starts on the other core while Dagster sets the steps up and an Arrow load runs,
-        as `lakehouse run` launches its own before its imports (lakehouse_assets/cli.py). A run of
-        Arrow-only stages starts none; LAKEHOUSE_SPARK_WARMUP=0 leaves the start to the first step
-        that asks for the session."""
-        run = context.dagster_run
-        if run is None or not run.asset_selection or not env_flag("LAKEHOUSE_SPARK_WARMUP", True):
+    def warm_up_for_run(self, run: dg.DagsterRun | None) -> None:
+        """A run the UI, a sensor or a schedule launched starts its JVM here (called by the PySpark
+        resource's set-up, `resources.spark`, once the Spark conf the run uses is known), once per
+        run before its first step, when a selected stage may need Spark
+        (`lakehouse.engines.choice.stages_may_need_spark`): the JVM then starts on the other core while
+        Dagster sets the steps up and an Arrow load runs, as `lakehouse run` launches its own before
+        its imports (lakehouse_assets/cli.py). A run of Arrow-only stages starts none;
+        LAKEHOUSE_SPARK_WARMUP=0 leaves the start to the first step that asks for the session."""
+        if run is None or not run.asset_selection or not self.settings().spark_warmup:
             return
         from lakehouse.engines.choice import stages_may_need_spark
         from lakehouse.spark import started_or_starting

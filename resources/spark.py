@@ -14,7 +14,7 @@ import dagster as dg
 from pydantic import PrivateAttr
 
 from lakehouse.settings import load_settings
-from lakehouse.spark import spark_conf
+from lakehouse.spark import configure_session, shown_conf
 from resources.lakehouse import LakehouseResource
 
 
@@ -24,8 +24,14 @@ class LakehouseSparkResource(dg.ConfigurableResource):
 
     Why not dagster-pyspark's resource as the resource itself: its class imports pyspark, so every
     process that loads the code location would, Arrow runs included. This resource has the same
-    config (`spark_config`, what the UI shows: the session's conf without secrets) and hands the
+    config (`spark_config`, what the UI shows: the session's conf without credentials) and hands the
     session out through `resources.pyspark_session.PlatformPySparkResource`, a `LazyPySparkResource`.
+
+    `spark_config` is the conf the run's session is built from (`lakehouse.spark.configure_session`
+    as the run's resources are set up, before the JVM's warm-up), whoever asks for the session first
+    (a step's `platform.spark()`, the IO manager, the warm-up): the default is the conf the settings
+    give (`lakehouse.spark.shown_conf`), a run's config may change it, and the credentials (the
+    catalog's user and password) come from the settings, never from configuration.
     """
 
     spark_config: dict[str, Any]
@@ -40,6 +46,13 @@ class LakehouseSparkResource(dg.ConfigurableResource):
             self._delegate = PlatformPySparkResource(spark_config=self.spark_config, lakehouse=self.lakehouse)
         return self._delegate
 
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        configure_session(self.spark_config)
+        (self.lakehouse if self.lakehouse is not None else LakehouseResource()).warm_up_for_run(context.dagster_run)
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        configure_session(None)
+
     @property
     def spark_session(self) -> Any:
         return self.pyspark_resource().spark_session
@@ -51,7 +64,6 @@ class LakehouseSparkResource(dg.ConfigurableResource):
 
 def spark_resource(lakehouse: LakehouseResource | None = None) -> LakehouseSparkResource:
     """The Spark resource of the code location, built from `lakehouse`'s settings (the
-    environment's when not given); its displayed conf carries no password."""
+    environment's when not given); its displayed conf carries no credential."""
     settings = lakehouse.settings() if lakehouse is not None else load_settings()
-    conf = {k: v for k, v in spark_conf(settings).items() if "password" not in k}
-    return LakehouseSparkResource(spark_config=conf, lakehouse=lakehouse)
+    return LakehouseSparkResource(spark_config=shown_conf(settings), lakehouse=lakehouse)

@@ -7,13 +7,12 @@ source: those are raised inside the run) gets no second message.
 
 from __future__ import annotations
 
-import os
-
 import dagster as dg
 
 from lakehouse import alerts
 from lakehouse.dagster_runs import failure_summary
 from lakehouse.runner import Platform
+from lakehouse.settings import DagsterSettings, current
 from resources.lakehouse import LakehouseResource
 
 FAILURE_SENSOR = "lakehouse_alerts_run_failure"
@@ -46,7 +45,7 @@ def run_canceled_alerts(context: dg.RunStatusSensorContext, lakehouse: Lakehouse
 
 
 @dg.sensor(name=DELIVERY_SENSOR, default_status=dg.DefaultSensorStatus.RUNNING,
-           minimum_interval_seconds=int(os.environ.get("LAKEHOUSE_ALERT_RETRY_INTERVAL", "30")),
+           minimum_interval_seconds=current(DagsterSettings).alert_retry_interval,
            description="Retry alerts a channel could not take (endpoint down, rate limited) with backoff.")
 def alert_delivery(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
     out = alerts.deliver_due(lakehouse.platform().store)

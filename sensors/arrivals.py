@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ import dagster as dg
 from lakehouse.ingest.arrivals import ArrivalDecision
 from lakehouse.ingest.s3 import ARRIVAL_TAG
 from lakehouse.runner import Platform
+from lakehouse.settings import DagsterSettings, current
 from lakehouse.sources.arrivals import poll_arrivals
 from lakehouse.throughput.queue import instance_of, request_tags
 from lakehouse_assets.factory import PIPELINES_JOB, Graph, source_asset_key
@@ -93,7 +93,7 @@ def poll_all(platform: Platform, watched: Sequence[Watched], cursors: dict[str, 
         except Exception as exc:  # noqa: BLE001 - reported per source (observation, tick summary, log)
             return exc
 
-    workers = threads or int(os.environ.get("LAKEHOUSE_ARRIVAL_THREADS", "8"))
+    workers = threads or platform.settings.arrival_threads
     with ThreadPoolExecutor(max(1, min(workers, len(watched) or 1)), thread_name_prefix="arrivals") as pool:
         return dict(zip([w.name for w in watched], pool.map(one, watched), strict=True))
 
@@ -177,7 +177,7 @@ def build_arrival_sensor(g: Graph, pipelines: set[str] | None = None) -> dg.Sens
                     "pipeline from that stage. One evaluation per tick for all of them; per-source state on each "
                     "source asset (`sources/<id>`) and in this sensor's tick history.",
         job_name=PIPELINES_JOB,
-        minimum_interval_seconds=int(os.environ.get("LAKEHOUSE_ARRIVALS_INTERVAL", "30")),
+        minimum_interval_seconds=current(DagsterSettings).arrivals_interval,
         default_status=dg.DefaultSensorStatus.STOPPED,
     )
     def arrivals(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):

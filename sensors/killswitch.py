@@ -7,11 +7,10 @@ control, not an optional feature); the interval is LAKEHOUSE_KILL_SWITCH_INTERVA
 
 from __future__ import annotations
 
-import os
-
 import dagster as dg
 
 from lakehouse.control.killswitch import enforce
+from lakehouse.settings import DagsterSettings, current
 from resources.lakehouse import LakehouseResource
 
 SENSOR_NAME = "lakehouse_kill_switch"
@@ -21,7 +20,7 @@ def build_killswitch_sensor() -> dg.SensorDefinition:
     @dg.sensor(
         name=SENSOR_NAME,
         description="Cancel queued and terminate in-flight runs of pipelines/stages disabled in control_flags.",
-        minimum_interval_seconds=int(os.environ.get("LAKEHOUSE_KILL_SWITCH_INTERVAL", "5")),
+        minimum_interval_seconds=current(DagsterSettings).kill_switch_interval,
         default_status=dg.DefaultSensorStatus.RUNNING,
     )
     def kill_switch(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):

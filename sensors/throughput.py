@@ -7,11 +7,10 @@ it is the platform's own control loop, not an optional feature.
 
 from __future__ import annotations
 
-import os
-
 import dagster as dg
 
 from lakehouse.runner import Platform
+from lakehouse.settings import DagsterSettings, current
 from lakehouse.throughput.pools import sync_instance
 from lakehouse.throughput.queue import retag_queued_runs
 from resources.lakehouse import LakehouseResource
@@ -29,7 +28,7 @@ def build_throughput_sensor() -> dg.SensorDefinition:
     @dg.sensor(
         name=SENSOR_NAME,
         description="Sync pool limits from throttles and re-tag queued runs for the active profile.",
-        minimum_interval_seconds=int(os.environ.get("LAKEHOUSE_THROUGHPUT_SENSOR_INTERVAL", "30")),
+        minimum_interval_seconds=current(DagsterSettings).throughput_sensor_interval,
         default_status=dg.DefaultSensorStatus.RUNNING,
     )
     def throughput_sync(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):

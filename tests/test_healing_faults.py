@@ -7,6 +7,7 @@ and asserts that the run ends healed, the data is right, and the audit trail say
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -353,8 +354,9 @@ def test_global_cap_bounds_healing_across_rules(platform, tmp_path, monkeypatch)
      backoff_seconds: 0, priority: 2}
 """))
     monkeypatch.setenv(faults.ENV, "fail:point=extract")
-    monkeypatch.setenv("LAKEHOUSE_HEALING_MAX_ATTEMPTS", "4")
-    runner = StageRunner(platform, "gc", "ingest", run_id="capped-run")
+    # LAKEHOUSE_HEALING_MAX_ATTEMPTS=4, as the entry point that builds the platform reads it
+    capped = dataclasses.replace(platform, settings=platform.settings.model_copy(update={"healing_max_attempts": 4}))
+    runner = StageRunner(capped, "gc", "ingest", run_id="capped-run")
     with pytest.raises(Exception, match="503"):
         runner.extract()
     failed = audit(platform, "capped-run", "step_failed")

@@ -1,5 +1,5 @@
 """A run launched by the UI, a sensor or a schedule starts its JVM before its first step when a
-selected stage may need Spark (`LakehouseResource.setup_for_execution`), as `lakehouse run` does
+selected stage may need Spark (the PySpark resource's set-up, `LakehouseResource.warm_up_for_run`), as `lakehouse run` does
 before its imports: decided from the control DB by `lakehouse.engines.choice.stages_may_need_spark` for the
 run's asset selection. No JVM here: `Platform.warm_spark` is replaced by a recorder."""
 
@@ -18,6 +18,7 @@ from lakehouse.metadata.store import MetadataStore
 from lakehouse.platform import Platform
 from lakehouse.settings import load_settings
 from resources.lakehouse import LakehouseResource
+from resources.spark import spark_resource
 from tests.test_arrow_engine import META, RULES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,7 +46,9 @@ def _setup(*paths: list[str], run: bool = True) -> None:
         if run else None
     context = dg.InitResourceContext(resource_config=None, resources=None, resource_def=None, all_resource_defs={},
                                      dagster_run=dagster_run)
-    LakehouseResource().setup_for_execution(context)
+    pyspark = spark_resource(LakehouseResource())
+    pyspark.setup_for_execution(context)
+    pyspark.teardown_after_execution(context)  # the session conf it configured is this run's only
 
 
 def test_a_selection_with_a_sql_stage_starts_the_jvm_before_the_first_step(started):

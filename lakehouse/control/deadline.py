@@ -16,7 +16,6 @@ with no history.
 
 from __future__ import annotations
 
-import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -76,7 +75,7 @@ def past_durations(store: MetadataStore, pipeline_id: str, stage_name: str, n: i
 
 
 def ceiling(runner: StageContext) -> float:
-    env = os.environ.get("LAKEHOUSE_STEP_TIMEOUT_CEILING_SECONDS")
+    env = runner.platform.settings.step_timeout_ceiling_seconds  # LAKEHOUSE_STEP_TIMEOUT_CEILING_SECONDS
     if env:
         return float(env)
     v = runner.catalog.setting("step_timeout.ceiling_seconds")

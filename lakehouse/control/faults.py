@@ -46,6 +46,7 @@ from typing import Any
 
 from lakehouse.compat import pyspark as pyspark_compat
 from lakehouse.errors import ICEBERG_COMMIT_CONFLICT, OUT_OF_MEMORY, InjectedFault, SourceUnavailable, TransientIO
+from lakehouse.settings import FaultHooks, current
 
 ENV = "LAKEHOUSE_FAULTS"
 CRASH_AT_ENV = "LAKEHOUSE_CRASH_AT"
@@ -54,7 +55,6 @@ PAUSE_AT_ENV = "LAKEHOUSE_PAUSE_AT"
 PAUSE_DIR_ENV = "LAKEHOUSE_PAUSE_DIR"
 PAUSE_SECONDS_ENV = "LAKEHOUSE_PAUSE_SECONDS"
 AFTER_JDBC_READ_ENV = "LAKEHOUSE_FAULT_AFTER_JDBC_READ"
-_SWITCHES = (ENV, CRASH_AT_ENV, PAUSE_AT_ENV, AFTER_JDBC_READ_ENV)
 
 _HITS: Counter = Counter()
 _LOCK = threading.Lock()
@@ -85,7 +85,7 @@ def parse(spec: str | None) -> list[tuple[str, dict[str, str]]]:
 
 
 def active() -> list[tuple[str, dict[str, str]]]:
-    return parse(os.environ.get(ENV))
+    return parse(current(FaultHooks).faults)
 
 
 def _take(name: str, opts: dict[str, str], run_id: str) -> bool:
@@ -101,18 +101,19 @@ def _take(name: str, opts: dict[str, str], run_id: str) -> bool:
 
 def inject(point: str, runner: Any = None, **ctx: Any) -> None:
     """Play the fault the environment asks for at this point, if any (see the module docstring)."""
-    if not any(os.environ.get(v) for v in _SWITCHES):
+    hooks = current(FaultHooks)  # the test hooks, read where they apply (lakehouse.settings.FaultHooks)
+    if not hooks.any:
         return
-    if point in os.environ.get(PAUSE_AT_ENV, "").split(",") and os.environ.get(PAUSE_DIR_ENV):
-        _pause(point, os.environ[PAUSE_DIR_ENV], float(os.environ.get(PAUSE_SECONDS_ENV, "600")))
-    crash_at = os.environ.get(CRASH_AT_ENV)
+    if point in (hooks.pause_at or "").split(",") and hooks.pause_dir:
+        _pause(point, hooks.pause_dir, hooks.pause_seconds)
+    crash_at = hooks.crash_at
     if crash_at and crash_at in (point, _at_stage(point, runner)):
-        _crash(point)
-    if point == "after_jdbc_read" and os.environ.get(AFTER_JDBC_READ_ENV) in (ctx.get("source_id"), "*"):
+        _crash(point, hooks.crash_marker)
+    if point == "after_jdbc_read" and hooks.fault_after_jdbc_read in (ctx.get("source_id"), "*"):
         ctx["df"].count()  # the read has happened...
         raise InjectedFault(f"injected fault after reading source {ctx.get('source_id')!r} "
                             f"(unset {AFTER_JDBC_READ_ENV})")
-    if os.environ.get(ENV):
+    if hooks.faults:
         _spec_faults(point, runner, ctx)
 
 
@@ -122,8 +123,7 @@ def _at_stage(point: str, runner: Any) -> str | None:
     return f"{point}@{stage.stage_name}" if stage is not None else None
 
 
-def _crash(point: str) -> None:
-    marker = os.environ.get(CRASH_MARKER_ENV)
+def _crash(point: str, marker: str | None) -> None:
     if marker:
         with open(marker, "w") as fh:
             fh.write(f"{os.getpid()} {point}\n")

@@ -33,6 +33,7 @@ from lakehouse.control.retry import attempts_used, op_of, step_budget
 from lakehouse.core import HealingState, NoRecoveryPath, StageContext
 from lakehouse.errors import ErrorInfo, classify
 from lakehouse.metadata.model import HealingAction
+from lakehouse.settings import RunSettings, current
 
 T = TypeVar("T")
 
@@ -87,9 +88,9 @@ def matching_rules(rules: list[HealingAction], error: ErrorInfo) -> list[Healing
 
 
 def global_cap(runner: StageContext | None = None) -> int:
-    env = os.environ.get("LAKEHOUSE_HEALING_MAX_ATTEMPTS")
-    if env:
-        return max(0, int(env))
+    env = (runner.platform.settings if runner is not None else current(RunSettings)).healing_max_attempts
+    if env is not None:  # LAKEHOUSE_HEALING_MAX_ATTEMPTS
+        return max(0, env)
     if runner is not None:
         v = runner.catalog.setting("healing.max_attempts")
         if v is not None:

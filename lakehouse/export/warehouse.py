@@ -18,7 +18,6 @@ with default privileges; use late-binding views on Redshift).
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 from lakehouse.ingest.jdbc import JdbcConnection, engine_of
+from lakehouse.settings import named_secret
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -122,9 +122,9 @@ def psycopg2_params(conn: JdbcConnection) -> dict[str, Any]:
         if k in ("sslmode", "sslrootcert", "connect_timeout", "application_name"):
             params[k] = v
     if conn.user_env:
-        params["user"] = os.environ[conn.user_env]
+        params["user"] = named_secret(conn.user_env) or ""
     if conn.password_env:
-        params["password"] = os.environ[conn.password_env]
+        params["password"] = named_secret(conn.password_env) or ""
     return params
 
 

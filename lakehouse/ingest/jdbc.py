@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from lakehouse.control import faults
 from lakehouse.core import Batch
+from lakehouse.settings import named_secret
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -204,7 +204,7 @@ class JdbcConnection:
     def resolve(cls, url: str | None, url_env: str | None, driver: str | None, user_env: str | None,
                 password_env: str | None, *, fetchsize: int = 10_000, label: str = "") -> JdbcConnection:
         if url_env:
-            resolved = os.environ.get(url_env)
+            resolved = named_secret(url_env)
             if not resolved:
                 raise JdbcSourceError(f"{label}: environment variable {url_env!r} (jdbc_url_env) is not set")
             url = resolved
@@ -217,7 +217,7 @@ class JdbcConnection:
         if not driver:
             raise JdbcSourceError(f"{label}: no known driver class for jdbc:{engine}; set driver in metadata")
         for what, name in (("user_env", user_env), ("password_env", password_env)):
-            if name and name not in os.environ:
+            if name and named_secret(name) is None:
                 raise JdbcSourceError(f"{label}: environment variable {name!r} ({what}) is not set")
         return cls(url, driver, user_env, password_env, fetchsize, label)
 
@@ -230,9 +230,9 @@ class JdbcConnection:
         # timestamp WITHOUT time zone stays a wall-clock value (Iceberg `timestamp`), never shifted by a zone
         props = {"driver": self.driver, "fetchsize": str(self.fetchsize), "preferTimestampNTZ": "true"}
         if self.user_env:
-            props["user"] = os.environ[self.user_env]
+            props["user"] = named_secret(self.user_env) or ""
         if self.password_env:
-            props["password"] = os.environ[self.password_env]
+            props["password"] = named_secret(self.password_env) or ""
             register_secret(props["password"])
         return props
 
@@ -251,7 +251,7 @@ class JdbcConnection:
                                   f"{self.scrub(str(exc))[:800]}") from None
 
     def scrub(self, text: str) -> str:
-        secret = os.environ.get(self.password_env) if self.password_env else None
+        secret = named_secret(self.password_env)
         return text.replace(secret, "***") if secret else text
 
 

@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from lakehouse.settings import DataHubSettings, current
+
 if TYPE_CHECKING:
     from lakehouse.core import ExtractPlan, StageContext, StageOutcome
 
@@ -42,10 +44,10 @@ _pending: list[tuple[int, tuple]] = []  # (child pid, what it emits: to emit aga
 def in_background() -> Iterator[None]:
     """Stage runs emitted in a child process until the block ends, which waits for the last one."""
     before = _state["enabled"]
-    _state["enabled"] = hasattr(os, "fork") and os.environ.get(ENV, "1").strip().lower() not in (
-        "0", "off", "false", "no")
+    hooks = current(DataHubSettings)  # LAKEHOUSE_DATAHUB_BACKGROUND, LAKEHOUSE_DATAHUB: read as the run starts
+    _state["enabled"] = hasattr(os, "fork") and hooks.datahub_background
     withdraw = None
-    if _state["enabled"] and os.environ.get("LAKEHOUSE_DATAHUB", "on").lower() not in ("0", "off", "false", "no"):
+    if _state["enabled"] and hooks.datahub:
         from lakehouse.spark import while_starting
 
         # every child would import acryl-datahub again (~1 s of CPU each, the last one after the
@@ -114,12 +116,7 @@ def _emit_here(runner, plan, outcome, success: bool) -> None:
 
 
 def _timeout() -> float:
-    raw = os.environ.get(TIMEOUT_ENV, "").strip()
-    try:
-        return float(raw) if raw else 300.0
-    except ValueError:
-        log.warning("%s=%r is not a number of seconds; using 300", TIMEOUT_ENV, raw)
-        return 300.0
+    return current(DataHubSettings).datahub_background_timeout  # a value that is no number fails as settings are read
 
 
 def _outcome(pid: int, deadline: float) -> str | None:

@@ -32,6 +32,7 @@ from datahub.metadata import schema_classes as m
 
 from lakehouse.lineage.graph import STAGE_PREFIX, Derived, edges_into
 from lakehouse.metadata.model import MetadataCatalog, Rule, Source, Stage, Target
+from lakehouse.settings import DataHubSettings, current, named_secret
 from lakehouse.sources import adapter_for
 from lakehouse.sources.jdbc import jdbc_platform
 
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ENV = os.environ.get("LAKEHOUSE_DATAHUB_ENV", "PROD")
+ENV = DataHubSettings().datahub_env  # the fabric of every URN (LAKEHOUSE_DATAHUB_ENV), fixed per process
 ORCHESTRATOR = "dagster"
 SPOOL_SUFFIX = ".json"
 
@@ -57,7 +58,7 @@ def source_urn(src: Source) -> str:
 def target_urn(t: Target) -> str:
     if t.kind == "iceberg":
         return builder.make_dataset_urn("iceberg", t.identifier.lower(), ENV)
-    url = t.jdbc_url if not t.jdbc_url_env else os.environ.get(t.jdbc_url_env, t.jdbc_url)
+    url = (named_secret(t.jdbc_url_env) or t.jdbc_url) if t.jdbc_url_env else t.jdbc_url
     name = ".".join(p for p in (t.warehouse_schema, t.warehouse_table) if p).lower()
     return builder.make_dataset_urn(jdbc_platform(url), name, ENV)
 
@@ -458,11 +459,12 @@ def spool_dir(platform: Platform) -> Path:
 
 
 def gms_url(platform: Platform) -> str | None:
-    return platform.settings.datahub_gms_url or os.environ.get("DATAHUB_GMS_URL") or None
+    return platform.settings.datahub_gms_url or current(DataHubSettings).datahub_gms_url or None
 
 
 def _token(platform: Platform) -> str | None:
-    return os.environ.get(platform.settings.datahub_token_env) or None
+    token = platform.settings.datahub_gms_token or current(DataHubSettings).datahub_gms_token
+    return token.get_secret_value() if token is not None else None
 
 
 def write_mcp_file(path: Path, mcps: Iterable) -> int:
@@ -579,7 +581,7 @@ def emit_stage_run(runner: StageContext, plan: ExtractPlan | None, outcome: Stag
                    success: bool, started_ms: int | None = None, checks=None) -> EmitResult:
     """Called by the runner after publish (and on a failed audit); never raises."""
     try:
-        if os.environ.get("LAKEHOUSE_DATAHUB", "on").lower() in ("0", "off", "false", "no"):
+        if not current(DataHubSettings).datahub:  # LAKEHOUSE_DATAHUB=off, read when a stage emits
             return EmitResult()
         dur = int((outcome.duration_s if outcome else 0) * 1000)
         started = started_ms or int(time.time() * 1000) - dur

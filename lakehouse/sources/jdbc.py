@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
@@ -11,6 +10,7 @@ from lakehouse.compat import pyspark as pyspark_compat
 from lakehouse.core import Batch, ExtractPlan, StageContext, StageOutcome
 from lakehouse.errors import SourceUnavailable
 from lakehouse.ingest import jdbc as jdbc_ingest
+from lakehouse.settings import named_secret
 from lakehouse.sources.base import SourceAdapter, register
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ PROBE_TIMEOUT_S = 5
 
 def jdbc_url_of(src: Any) -> str:
     """The URL of a JDBC source or warehouse target (`jdbc_url_env` first)."""
-    url = os.environ.get(src.jdbc_url_env) if src.jdbc_url_env else None
+    url = named_secret(src.jdbc_url_env)
     url = url or src.jdbc_url
     if not url:
         raise SourceUnavailable(f"{src.jdbc_url_env or 'jdbc_url'} is not set")
@@ -34,8 +34,8 @@ def probe_jdbc(platform: Platform, src: Any) -> tuple[bool, str]:
     """Open (and close) one real connection: PostgreSQL through psycopg2, any other driver
     through the JVM's DriverManager. Raises on failure (callers report it)."""
     url = jdbc_url_of(src)
-    user = os.environ.get(src.user_env) if src.user_env else None
-    password = os.environ.get(src.password_env) if src.password_env else None
+    user = named_secret(src.user_env)
+    password = named_secret(src.password_env)
     if url.startswith("jdbc:postgresql:"):
         import psycopg2
 
@@ -92,5 +92,5 @@ class JdbcAdapter(SourceAdapter):
             return False, f"{type(exc).__name__}: {exc}"
 
     def dataset_name(self, src: Source) -> tuple[str, str]:
-        url = src.jdbc_url if not src.jdbc_url_env else os.environ.get(src.jdbc_url_env, src.jdbc_url)
+        url = src.jdbc_url if not src.jdbc_url_env else (named_secret(src.jdbc_url_env) or src.jdbc_url)
         return jdbc_platform(url), (src.table or src.source_id).lower()

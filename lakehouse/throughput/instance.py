@@ -45,7 +45,7 @@ PID_TAG, HOST_TAG = "lakehouse/pid", "lakehouse/host"
 
 
 def dagster_home(settings: Settings) -> Path:
-    home = os.environ.get("DAGSTER_HOME")
+    home = settings.dagster_home  # DAGSTER_HOME
     return Path(home) if home else settings.home / "dagster_home"
 
 
@@ -90,7 +90,7 @@ def ensure_instance(settings: Settings) -> tuple[Path, dg.DagsterInstance]:
     home = dagster_home(settings)
     home.mkdir(parents=True, exist_ok=True)
     with file_lock(str(home / ".init.lock")):
-        if not os.environ.get("DAGSTER_HOME"):
+        if not settings.dagster_home:  # the default home, the platform's own: its dagster.yaml kept current
             _write_config(home)
         instance = open_instance(home)  # first use creates the storage: inside the lock
     return home, instance
@@ -108,7 +108,7 @@ def headless_instance(settings: Settings, catalog: MetadataCatalog, *, ephemeral
     """The instance for a headless run, its pools synced from the throttles metadata."""
     import dagster as dg
 
-    if ephemeral or os.environ.get(EPHEMERAL_ENV, "") not in ("", "0"):
+    if ephemeral or settings.dagster_ephemeral:
         inst = dg.DagsterInstance.ephemeral()
         return HeadlessInstance(inst, False, None, unenforced(catalog, inst, "the run uses an ephemeral Dagster "
                                                               "instance (--ephemeral), which ignores pools"))
@@ -163,7 +163,7 @@ def sync_pools(platform: Platform, instance: dg.DagsterInstance | None = None) -
     catalog = platform.store.load()
     if instance is None and not desired_limits(catalog) and not dagster_home(platform.settings).is_dir():
         return None  # no throttles and no instance: nothing to sync, nothing to create
-    if instance is None and os.environ.get(EPHEMERAL_ENV, "") not in ("", "0"):
+    if instance is None and platform.settings.dagster_ephemeral:
         for line in unenforced(catalog, None, f"{EPHEMERAL_ENV} is set: headless runs use an ephemeral instance"):
             print(f"warning: {line}", file=sys.stderr)
         return None
