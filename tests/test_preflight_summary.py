@@ -101,12 +101,13 @@ def test_preflight_sees_what_changed_since_validate(tmp_path):
 def summary_with_warn_quarantine_and_skip() -> RunSummary:
     return RunSummary("r1", "shop_job", [
         StageReport("bronze/orders", "shop.ingest_orders", materialized=True, rows_written=97, quarantined=3,
-                    snapshot_id="111", checks=[CheckReport("id_present", False, "warn", 3, "3 of 100 quarantined"),
+                    snapshot_id="111", files_quarantined=1, checks=[CheckReport("id_present", False, "warn", 3, "3 of 100 quarantined"),
                                                CheckReport("not_empty", True, "error", 0)]),
         StageReport("bronze/customers", "shop.ingest_customers", materialized=True, rows_written=0, rows_read=0,
                     skipped_reason="no new rows in source 'customers_db'", snapshot_id="222",
                     checks=[CheckReport("pk_unique", True, "error", evaluated=False)]),
         StageReport("silver/orders", "shop.clean_orders", materialized=True, rows_written=90, dropped=7,
+                    rows_inserted=5, rows_updated=85, rows_deleted=0, rows_rewritten=4000,
                     snapshot_id="333", checks=[CheckReport("amount_small", False, "warn", 2, "2 of 90 rows fail")]),
     ])
 
@@ -120,20 +121,27 @@ def test_run_summary_rows_outcome_and_exit_code():
                                                                    "--warn-error)")
     s.warn_error = False
     assert s.rows() == [
-        {"asset": "bronze/orders", "status": "published", "read": "100", "written": "97", "quarantined": 3,
-         "snapshot / branch": "snapshot 111"},
-        {"asset": "bronze/customers", "status": "skipped", "read": "0", "written": "0", "quarantined": 0,
-         "snapshot / branch": "snapshot 222"},
-        {"asset": "silver/orders", "status": "published", "read": "97", "written": "90", "quarantined": 0,
-         "snapshot / branch": "snapshot 333"}]
+        {"asset": "bronze/orders", "status": "published", "read": "100", "inserted": "97", "updated": "0",
+         "deleted": "0", "quarantined": 3, "files q.": 1, "snapshot / branch": "snapshot 111"},
+        {"asset": "bronze/customers", "status": "skipped", "read": "0", "inserted": "0", "updated": "0",
+         "deleted": "0", "quarantined": 0, "files q.": 0, "snapshot / branch": "snapshot 222"},
+        {"asset": "silver/orders", "status": "published", "read": "97", "inserted": "5", "updated": "85",
+         "deleted": "0", "quarantined": 0, "files q.": 0, "snapshot / branch": "snapshot 333"}]
     table = s.table()
     assert table.splitlines()[0] == "run r1 (shop_job): SUCCESS with warnings"
+    assert table.splitlines()[1].split() == ["asset", "status", "read", "inserted", "updated", "deleted",
+                                             "quarantined", "files", "q.", "snapshot", "/", "branch"]
+    # the files quarantined in this run, their reasons one command away
+    assert "    files quarantined: 1 (why: lakehouse audit --run-id r1 --event file_quarantined)" in table
     assert "    checks: id_present warn 3 failing; not_empty ok" in table
     assert "    skipped: no new rows in source 'customers_db'" in table
     assert "    checks: pk_unique not evaluated" in table
     tags = s.tags()
     assert tags["lakehouse/outcome"] == WARNINGS
     assert json.loads(tags["lakehouse/summary"])[0]["checks"] == {"id_present": "warn:3", "not_empty": "ok"}
+    # the physical rows rewritten stay available on their own
+    assert {k: json.loads(tags["lakehouse/summary"])[2][k] for k in ("inserted", "updated", "rewritten")} == {
+        "inserted": 5, "updated": 85, "rewritten": 4000}
 
     s.stages[2] = StageReport("silver/orders", failed=True, failure="blocking rule(s) amount_small",
                               branch="audit_r1", snapshot_id=None,
