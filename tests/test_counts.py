@@ -2,7 +2,7 @@
 reports the rows it read, inserted and updated, each equal to an independent count (PyIceberg reads
 of the table before and after), and the physical rows Iceberg rewrote as their own field; its rule
 counts say what they counted. Both kinds of merge: an incremental stage's (its change set) and a
-target with `write_mode: merge` (a file's rows)."""
+target with `write_mode: merge` (a SQL stage's rows)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ sources:
 targets:
   - {target_id: bronze_versions, namespace: bronze, table: versions}
   - {target_id: silver_versions, namespace: silver, table: versions, write_mode: overwrite}
+  - {target_id: bronze_customers, namespace: bronze, table: customers, write_mode: overwrite}
   - {target_id: silver_customers, namespace: silver, table: customers, write_mode: merge, merge_keys: [cid]}
 stages:
   - {pipeline_id: counts, stage_order: 1, stage_name: ingest, layer: bronze, source_id: versions_raw,
@@ -30,8 +31,10 @@ stages:
   - {pipeline_id: counts, stage_order: 2, stage_name: latest, layer: silver, target_id: silver_versions,
      validation_set_id: version_rules, transformation: "SELECT id, version, plan FROM bronze.versions",
      incremental: {mode: merge, merge_keys: [id], order_by: version}}
-  - {pipeline_id: counts, stage_order: 3, stage_name: customers, layer: silver, source_id: customers_raw,
-     target_id: silver_customers, validation_set_id: customer_rules}
+  - {pipeline_id: counts, stage_order: 3, stage_name: customers_in, layer: bronze, source_id: customers_raw,
+     target_id: bronze_customers}
+  - {pipeline_id: counts, stage_order: 4, stage_name: customers, layer: silver, target_id: silver_customers,
+     validation_set_id: customer_rules, transformation: "SELECT cid, name FROM bronze.customers"}
 validation_rules:
   - rule_set_id: version_rules
     rules:
@@ -50,6 +53,7 @@ def test_a_merge_reports_what_its_logic_did_and_the_rewritten_rows_apart(platfor
     from pyiceberg.catalog.sql import SqlCatalog
 
     from lakehouse.runner import StageRunner
+    from lakehouse.validation.history import check_history
     from lakehouse.validation.rules import SCOPE_CHANGE_SET, SCOPE_MERGED_KEYS, SCOPE_TABLE
 
     (tmp_path / "m").mkdir()
@@ -107,17 +111,21 @@ def test_a_merge_reports_what_its_logic_did_and_the_rewritten_rows_apart(platfor
         == (SCOPE_CHANGE_SET, 52, 2)
     # the branch's rows of the 50 merged keys: not the 2,015 rows of the table
     assert (checks["plan_known"].scope, checks["plan_known"].total_rows) == (SCOPE_MERGED_KEYS, 50)
-    assert checks["plan_known"].details["scope"] == SCOPE_MERGED_KEYS
+    history = [h for h in check_history(platform.store, dataset="silver.versions") if h["rule"] == "plan_known"]
+    assert history[0]["details"]["scope"] == SCOPE_MERGED_KEYS and history[0]["total_rows"] == 50
     assert checks["id_unique"].scope == f"table (the keys of the {SCOPE_MERGED_KEYS})"
     assert checks["growth"].scope == SCOPE_TABLE
 
-    # ---- a merge target: 500 customers, then a file of 40 rows (25 changed, 15 new)
+    # ---- a merge target: 500 customers, then a file of 40 rows (25 changed, 15 new); bronze holds
+    # the newest file only (overwrite), silver merges it
     land("customers", "1.jsonl", [{"cid": i, "name": f"c{i}"} for i in range(500)])
+    run("customers_in")
     first = run("customers")
     assert (first.rows_inserted, first.rows_updated) == (500, 0)
     before = table("silver.customers", "cid")
     land("customers", "2.jsonl", [{"cid": i, "name": f"renamed{i}"} for i in range(0, 500, 20)]
          + [{"cid": 1000 + i, "name": f"new{i}"} for i in range(15)])
+    run("customers_in")
     outcome = run("customers")
     after = table("silver.customers", "cid")
     inserted = len(after.keys() - before.keys())

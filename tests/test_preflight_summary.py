@@ -279,3 +279,22 @@ def test_preflight_reads_only_the_tables_of_its_stages(tmp_path):
     problems_for(cat, [cat.stage("shop", "sales")], Recorder({"silver.orders": {"order_day": "date",
                                                                                  "amount": "double"}}))
     assert set(asked) == {"silver.orders", "gold.sales"}  # not bronze: silver is read as it is now
+
+
+def test_audit_lists_a_runs_quarantined_files_and_why(settings, capsys):
+    """The run summary's hint, run as printed: `lakehouse audit --run-id R --event file_quarantined`
+    lists that run's quarantined files with their reasons, and nothing else."""
+    from lakehouse.platform import Platform
+
+    store = Platform.from_env().store
+    store.audit(run_id="r9", pipeline_id="p", stage_name="s", dataset="bronze.t", event="file_quarantined",
+                outcome="quarantined", error_class="CorruptFile", message="day3.jsonl: truncated JSON at line 7")
+    store.audit(run_id="r9", pipeline_id="p", stage_name="s", dataset="bronze.t", event="published",
+                outcome="success")
+    store.audit(run_id="r8", pipeline_id="p", stage_name="s", dataset="bronze.t", event="file_quarantined",
+                outcome="quarantined", message="day1.jsonl: other run")
+    capsys.readouterr()
+    assert cli(["audit", "--run-id", "r9", "--event", "file_quarantined"]) == 0
+    out = capsys.readouterr().out
+    assert "day3.jsonl: truncated JSON at line 7" in out and "CorruptFile" in out
+    assert "published" not in out and "day1.jsonl" not in out

@@ -563,7 +563,8 @@ SCOPE_PARTITIONS, SCOPE_REPLACED, SCOPE_TABLE = ("branch rows of the replaced pa
 
 
 def label_scopes(outcomes: list[CheckOutcome], context: dict[str, Any], handled: set[str]) -> list[CheckOutcome]:
-    """Say what each outcome counted (its `scope`, also in its details): a drop/quarantine rule the
+    """Say what each outcome counted (its `scope`; the check history keeps it in `details.scope`): a
+    drop/quarantine rule the
     input rows it split (a merge: the change set); row_count_change the table before and after;
     `unique` the table (only the written keys of it when the write was scoped); every other rule
     the rows the audit read (context `scope`, default the table)."""
@@ -578,7 +579,6 @@ def label_scopes(outcomes: list[CheckOutcome], context: dict[str, Any], handled:
                        else SCOPE_TABLE)
         else:
             o.scope = rows
-        o.details = {**o.details, "scope": o.scope}
     return outcomes
 
 
