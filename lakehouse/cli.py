@@ -193,7 +193,8 @@ def cmd_audit(args) -> int:
     platform = Platform.from_env()
     since = datetime.fromisoformat(args.since) if args.since else None
     rows = [e.model_dump() for e in platform.store.audit_entries(pipeline_id=args.pipeline, since=since,
-                                                                  run_id=args.run_id, limit=args.limit)]
+                                                                  run_id=args.run_id, event=args.event,
+                                                                  limit=args.limit)]
     _print_table(rows, ["ts", "run_id", "pipeline_id", "stage_name", "event", "action", "outcome",
                         "error_class", "message", "duration_ms"])
     return 0
@@ -299,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--pipeline")
     au.add_argument("--since", help="ISO timestamp")
     au.add_argument("--run-id")
+    au.add_argument("--event", help="only this event, e.g. file_quarantined (a run's quarantined files and why)")
     au.add_argument("--limit", type=int, default=200)
     au.set_defaults(func=cmd_audit)
 

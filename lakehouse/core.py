@@ -135,18 +135,68 @@ class StageOutcome:
     writes: list[WriteResult] = field(default_factory=list)
     checks: list[CheckOutcome] = field(default_factory=list)
     snapshot_id: int | None = None
+    #: logical: rows the stage's logic wrote (inserted + updated); `add_write` keeps the counts
     rows_written: int = 0
     quarantined_rows: int = 0
     skipped_reason: str | None = None
     duration_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    rows_in: int = 0  # rows of the batches that were written (a merge: its change set), quarantined ones aside
+    rows_inserted: int = 0
+    rows_updated: int = 0
+    rows_deleted: int = 0  # removed by the logic (a replace-where overwrite)
+    #: physical: rows of the data files the commits wrote / removed (a MERGE rewrites whole files)
+    rows_rewritten: int = 0
+    physical_rows_deleted: int = 0
+
+    def add_write(self, res: WriteResult) -> None:
+        """Count one commit: its logical counts (`WriteResult.logical`) and its physical ones."""
+        self.writes.append(res)
+        counts = res.logical()
+        self.rows_in += counts["rows_in"]
+        self.rows_inserted += counts["rows_inserted"]
+        self.rows_updated += counts["rows_updated"]
+        self.rows_deleted += counts["rows_deleted"]
+        self.rows_written = self.rows_inserted + self.rows_updated
+        self.rows_rewritten += res.rows_written
+        self.physical_rows_deleted += res.physical_rows_deleted
+
+    def reset_counts(self) -> None:
+        """Forget the writes (they were dropped with their branch; the remainder is written again)."""
+        self.writes = []
+        self.rows_written = self.quarantined_rows = self.rows_in = self.rows_inserted = 0
+        self.rows_updated = self.rows_deleted = self.rows_rewritten = self.physical_rows_deleted = 0
+
+    @property
+    def rows_dropped(self) -> int:
+        """Input rows a drop rule removed (its check's details)."""
+        return sum(int(c.details.get("dropped", 0) or 0) for c in self.checks
+                   if c.details.get("action") == "drop")
+
+    @property
+    def rows_read(self) -> int:
+        """The input rows of the stage's batches: written (or left as they were: a merge's older
+        rows), quarantined or dropped."""
+        return self.rows_in + self.quarantined_rows + self.rows_dropped
 
     def metadata(self) -> dict[str, Any]:
-        """Materialization metadata: what a person needs to trust the table, never secrets."""
+        """Materialization metadata: what a person needs to trust the table, never secrets.
+
+        Logical counts (what the stage's logic did): rows_read, rows_inserted, rows_updated,
+        rows_deleted, quarantined_rows, and rows_written (inserted + updated); physical counts (the
+        data files Iceberg wrote and removed, which a copy-on-write MERGE rewrites whole):
+        rows_rewritten, physical_rows_deleted."""
         md: dict[str, Any] = {
             "table": f"{self.target.identifier}",
             "snapshot_id": str(self.snapshot_id) if self.snapshot_id is not None else "none",
+            "rows_read": self.rows_read,
+            "rows_inserted": self.rows_inserted,
+            "rows_updated": self.rows_updated,
+            "rows_deleted": self.rows_deleted,
             "rows_written": self.rows_written,
+            "quarantined_rows": self.quarantined_rows,
+            "rows_rewritten": self.rows_rewritten,
+            "physical_rows_deleted": self.physical_rows_deleted,
             "commits": len(self.writes),
             "write_mode": self.target.write_mode,
             "published": self.published,
@@ -158,8 +208,6 @@ class StageOutcome:
                 p.transform + ("" if p.param is None else f"[{p.param}]") + f"({p.column})"
                 for p in self.target.partition_spec
             )
-        if self.quarantined_rows:
-            md["quarantined_rows"] = self.quarantined_rows
         if self.skipped_reason:
             md["skipped_reason"] = self.skipped_reason
         md.update(self.extra)

@@ -77,12 +77,40 @@ def branch_name_for_run(run_id: str) -> str:
 
 @dataclass
 class WriteResult:
+    """One commit of a write. `rows_written` is physical: the snapshot summary's added-records, every
+    row of every data file the commit wrote (a copy-on-write MERGE rewrites whole files, so it counts
+    the unchanged rows of those files too). The logical counts say what the stage's logic did:
+    `rows_in` rows of the batch written (a merge: its change set), of which `rows_inserted` are new
+    rows and `rows_updated` replaced a row with the same key; `rows_deleted` rows the logic removed (a
+    replace-where overwrite: the rows it replaced). None: not counted (then they follow from the
+    physical counts, `logical`)."""
+
     table: str
     branch: str
     snapshot_id: int | None
     rows_written: int
     operation: str
     summary: dict[str, str] = field(default_factory=dict)
+    rows_in: int | None = None
+    rows_inserted: int | None = None
+    rows_updated: int | None = None
+    rows_deleted: int | None = None
+
+    @property
+    def physical_rows_deleted(self) -> int:
+        """Rows of the data files the commit removed (the snapshot summary's deleted-records)."""
+        return int(self.summary.get("deleted-records", 0) or 0)
+
+    def logical(self) -> dict[str, int]:
+        """{rows_in, rows_inserted, rows_updated, rows_deleted}: as counted, else what an append or an
+        overwrite's summary says (their added rows are the batch's rows, their deleted rows the ones
+        the logic replaced)."""
+        added = self.rows_written
+        deleted = self.physical_rows_deleted if self.operation != "append" else 0
+        return {"rows_in": added if self.rows_in is None else self.rows_in,
+                "rows_inserted": added if self.rows_inserted is None else self.rows_inserted,
+                "rows_updated": 0 if self.rows_updated is None else self.rows_updated,
+                "rows_deleted": deleted if self.rows_deleted is None else self.rows_deleted}
 
 
 @dataclass(frozen=True)
@@ -436,7 +464,9 @@ class IcebergTables(CatalogTables):
         props = {f"snapshot-property.{k}": v for k, v in (snapshot_properties or {}).items()}
         name = self.qualified(ident, branch)
         before = self.snapshot_id(ident, branch)
+        counts: dict[str, int] = {}
         if mode == "merge":
+            counts = self.merge_counts(df, target, branch, spec)
             self._merge(df, target, branch, snapshot_properties or {}, spec)
         else:
             writer = df.writeTo(name)
@@ -454,7 +484,41 @@ class IcebergTables(CatalogTables):
                 raise ValueError(f"unknown write mode {mode!r}")
         after, summary = self._new_head(ident, branch, before)
         rows = int(summary.get("added-records", 0))
-        return WriteResult(ident, branch, after, rows, mode, summary)
+        return WriteResult(ident, branch, after, rows, mode, summary, **counts)
+
+    def merge_counts(self, df: DataFrame, target: Target, branch: str, spec: WriteSpec | None = None
+                     ) -> dict[str, int]:
+        """What the MERGE of `df` will do, counted before it runs (Spark 3.5's MERGE INTO returns no
+        row counts): its rows (`rows_in`), those whose key the branch lacks (`rows_inserted`) and
+        those that replace a row (`rows_updated`: matched, and with `order_by` not older than the
+        row). One pass over the change set joined with the branch's rows of its keys (read through
+        the write's pruning predicate, as the MERGE reads them), with the MERGE's own key match."""
+        from pyspark.sql import functions as F
+
+        keys = spec.merge_keys if spec is not None and spec.merge_keys else target.merge_keys
+        order_by = spec.order_by if spec is not None else None
+        if self.snapshot_id(target.identifier, branch) is None:  # an empty branch: every row is new
+            n = df.count()
+            return {"rows_in": n, "rows_inserted": n, "rows_updated": 0, "rows_deleted": 0}
+        t = self.read(target.identifier, branch)
+        if spec is not None and spec.prune:
+            t = t.alias("t").where(F.expr(spec.prune))
+        tcols = [F.col(quote(k)).alias(f"__t{i}") for i, k in enumerate(keys)]
+        if order_by:
+            tcols.append(F.col(quote(order_by)).alias("__t_order"))
+        t = t.select(*tcols, F.lit(True).alias("__t_hit"))
+        on = None
+        for i, k in enumerate(keys):
+            part = F.col(quote(k)).eqNullSafe(F.col(f"__t{i}"))
+            on = part if on is None else on & part
+        joined = df.join(t, on, "left")
+        hit = F.col("__t_hit").isNotNull()
+        newer = F.coalesce(F.col(quote(order_by)) >= F.col("__t_order"), F.lit(True)) if order_by else F.lit(True)
+        row = joined.agg(F.count(F.lit(1)).alias("n"),
+                         F.sum(F.when(~hit, 1).otherwise(0)).alias("ins"),
+                         F.sum(F.when(hit & newer, 1).otherwise(0)).alias("upd")).collect()[0]
+        return {"rows_in": int(row["n"] or 0), "rows_inserted": int(row["ins"] or 0),
+                "rows_updated": int(row["upd"] or 0), "rows_deleted": 0}
 
     def _merge(self, df: DataFrame, target: Target, branch: str, snapshot_properties: dict[str, str],
                spec: WriteSpec | None = None) -> None:

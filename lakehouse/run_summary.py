@@ -9,9 +9,13 @@ also when rules quarantined rows or warn-severity checks failed (the summary say
 warnings exit 3 only with `--warn-error` (or the platform setting `run.warn_error: true`); a
 failure exits 1; a run a kill switch stopped before it started exits 4 (not a failure).
 
-Rows read = what the stage's input delivered: the source's own
-count when it gives one (JDBC), else rows written + quarantined + dropped. For a merge target,
-"written" is Iceberg's added-records (rewritten rows included).
+Counts are logical, what the stage's logic did (lakehouse.core.StageOutcome.metadata): rows read =
+what the stage's input delivered (the source's own count when it gives one, JDBC; else the rows of
+its batches: a merge's change set), rows inserted, updated (a merge's matched keys) and deleted (a
+replace-where overwrite), rows quarantined; the physical rows of the data files Iceberg rewrote
+(a copy-on-write MERGE rewrites whole files) stay in the run's tags and its materialization
+metadata (`rows_rewritten`), not in the table. Files quarantined in the run are a column; their
+reasons are one command away (`lakehouse audit --run-id R --event file_quarantined`).
 """
 
 from __future__ import annotations
@@ -57,9 +61,14 @@ class StageReport:
     failed: bool = False
     failure: str = ""  # first line of the error
     rows_read: int | None = None
-    rows_written: int | None = None
+    rows_written: int | None = None  # logical: inserted + updated
     quarantined: int = 0
     dropped: int = 0
+    rows_inserted: int | None = None  # None: metadata from before these counts (then = rows_written)
+    rows_updated: int | None = None
+    rows_deleted: int | None = None
+    rows_rewritten: int | None = None  # physical: rows of the data files the commits wrote
+    files_quarantined: int = 0
     skipped_reason: str | None = None
     snapshot_id: str | None = None
     branch: str | None = None  # the audit branch kept by a failed audit
@@ -80,6 +89,10 @@ class StageReport:
         if self.rows_written is None:
             return None
         return self.rows_written + self.quarantined + self.dropped
+
+    @property
+    def inserted(self) -> int | None:
+        return self.rows_written if self.rows_inserted is None else self.rows_inserted
 
     @property
     def warnings(self) -> bool:
@@ -115,17 +128,22 @@ class RunSummary:
         for s in self.stages:
             where = (f"snapshot {s.snapshot_id}" if s.snapshot_id and s.snapshot_id != "none" and not s.failed
                      else f"branch {s.branch} kept" if s.branch else "-")
-            out.append({"asset": s.asset, "status": s.status, "read": _n(s.read), "written": _n(s.rows_written),
-                        "quarantined": s.quarantined if s.materialized or s.quarantined else "-",
+            ran = s.materialized or s.quarantined
+            out.append({"asset": s.asset, "status": s.status, "read": _n(s.read), "inserted": _n(s.inserted),
+                        "updated": _n(s.rows_updated if s.rows_updated is not None or s.rows_written is None else 0),
+                        "deleted": _n(s.rows_deleted if s.rows_deleted is not None or s.rows_written is None else 0),
+                        "quarantined": s.quarantined if ran else "-",
+                        "files q.": s.files_quarantined if ran or s.files_quarantined else "-",
                         "snapshot / branch": where})
         return out
 
     def table(self) -> str:
         """The table `lakehouse run` prints: one line per stage, its checks and why it skipped or failed."""
         rows = self.rows()
-        cols = ["asset", "status", "read", "written", "quarantined", "snapshot / branch"]
+        cols = ["asset", "status", "read", "inserted", "updated", "deleted", "quarantined", "files q.",
+                "snapshot / branch"]
         width = {c: max([len(c), *(len(str(r[c])) for r in rows)]) for c in cols}
-        right = {"read", "written", "quarantined"}
+        right = {"read", "inserted", "updated", "deleted", "quarantined", "files q."}
 
         def line(r: dict) -> str:
             return "  ".join(str(r[c]).rjust(width[c]) if c in right else str(r[c]).ljust(width[c])
@@ -144,6 +162,9 @@ class RunSummary:
                 out.append("    checks: " + "; ".join(c.text() for c in s.checks))
                 why = sorted({c.message for c in s.checks if not c.evaluated and c.message and c.message != s.skipped_reason})
                 out.extend(f"    not evaluated: {w}" for w in why)
+            if s.files_quarantined:
+                out.append(f"    files quarantined: {s.files_quarantined} (why: lakehouse audit --run-id "
+                           f"{self.run_id} --event file_quarantined)")
             if s.skipped_reason:
                 out.append(f"    skipped: {s.skipped_reason}")
             if s.failure:
@@ -161,7 +182,9 @@ class RunSummary:
     def tags(self) -> dict[str, str]:
         """The run's Dagster tags: the outcome, and per stage a compact line (the UI shows tags)."""
         compact = [{"asset": s.asset, "status": s.status, "read": s.read, "written": s.rows_written,
-                    "quarantined": s.quarantined, "skipped": s.skipped_reason, "snapshot": s.snapshot_id,
+                    "inserted": s.inserted, "updated": s.rows_updated, "deleted": s.rows_deleted,
+                    "rewritten": s.rows_rewritten, "quarantined": s.quarantined,
+                    "files_quarantined": s.files_quarantined, "skipped": s.skipped_reason, "snapshot": s.snapshot_id,
                     "branch": s.branch,
                     "checks": {c.name: ("ok" if c.passed else f"{c.severity}:{c.failed_rows or 0}") if c.evaluated
                                else "not evaluated" for c in s.checks}} for s in self.stages]

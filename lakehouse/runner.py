@@ -181,6 +181,10 @@ class StageRunner(StageContext):
         outcome.extra.update({k: v for k, v in staged.plan.details.items() if k.startswith("extract_heal")})
         if self.healing.events or self.healing.total_attempts:
             outcome.extra.update(self.healing.summary())
+        # unreadable files kept out of the table in this run (why: the audit log, event file_quarantined)
+        files = {q["key"] for q in self.report.get("quarantined_files") or []} | set(self.healing.quarantined_files)
+        if files:
+            outcome.extra["files_quarantined"] = len(files)
         return outcome
 
     def _stage(self, plan: ExtractPlan) -> StagedLoad:

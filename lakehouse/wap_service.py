@@ -165,7 +165,7 @@ class WriteAuditPublish:
                                                              + overlap.file_count)
                 staged = plan.staged_path
                 plan = remainder_plan(plan, sup.result, ctx.adapter_for(plan.kind).remainder)
-                outcome.writes, outcome.rows_written, outcome.quarantined_rows = [], 0, 0
+                outcome.reset_counts()
                 if plan is None:
                     if staged:  # the downloaded / staged input is on main already, by another run
                         shutil.rmtree(staged, ignore_errors=True)
@@ -211,10 +211,12 @@ class WriteAuditPublish:
             ctx.current_batch = batch  # what evolve_schema / quarantine_input / shrink_batch look at
             faults.inject("batch", ctx, df=batch.df)  # no-op unless LAKEHOUSE_FAULTS is set
             res = session.write(batch)
-            outcome.writes.append(res)
-            outcome.rows_written += res.rows_written
-            ctx.log.info("%s: commit %d (%s) wrote %d rows (%d so far) to branch %s",
-                         ctx.target.identifier, i + 1, batch.label, res.rows_written, outcome.rows_written, branch)
+            outcome.add_write(res)
+            counts = res.logical()
+            ctx.log.info("%s: commit %d (%s) inserted %d, updated %d, deleted %d rows (%d written so far; the "
+                         "data files it wrote hold %d rows) on branch %s", ctx.target.identifier, i + 1, batch.label,
+                         counts["rows_inserted"], counts["rows_updated"], counts["rows_deleted"],
+                         outcome.rows_written, res.rows_written, branch)
             written = int(res.summary.get("added-files-size", 0) or 0)
             throttle.after_batch(res.rows_written, sum(f.size for f in batch.files) or written, written)
         if throttle.active:  # how long rate limits held this stage back (materialization metadata)
@@ -257,6 +259,8 @@ class WriteAuditPublish:
         outcome.duration_s = time.monotonic() - t0
         ctx.audit("published", outcome="success", duration_ms=int(outcome.duration_s * 1000),
                   details={"snapshot_id": outcome.snapshot_id, "rows": outcome.rows_written,
+                           "rows_inserted": outcome.rows_inserted, "rows_updated": outcome.rows_updated,
+                           "rows_deleted": outcome.rows_deleted, "rows_rewritten": outcome.rows_rewritten,
                            "quarantined_rows": outcome.quarantined_rows})
         return outcome
 

@@ -136,6 +136,7 @@ def check_result(key: dg.AssetKey, outcome: CheckOutcome) -> dg.AssetCheckResult
     md: dict = {
         "failed_rows": outcome.failed_rows,
         "total_rows": outcome.total_rows,
+        "counted": outcome.scope or "table",  # what total_rows counted: the change set, the merged keys' rows...
         "rule_expression": dg.MetadataValue.text(outcome.expression or rule.type),
         "message": outcome.message,
         "rule_type": rule.type,

@@ -68,7 +68,14 @@ def summarize(events: Iterable[dg.DagsterEvent], run_id: str, job: str,
             md = dict(mat.metadata)
             r.materialized = True
             r.rows_written = _int(_value(md, "rows_written"))
-            r.rows_read = _int(_value(md, "source_rows_read"))
+            r.rows_read = _int(_value(md, "source_rows_read"))  # the source's own count (JDBC), else the stage's
+            if r.rows_read is None:
+                r.rows_read = _int(_value(md, "rows_read"))
+            r.rows_inserted = _int(_value(md, "rows_inserted"))
+            r.rows_updated = _int(_value(md, "rows_updated"))
+            r.rows_deleted = _int(_value(md, "rows_deleted"))
+            r.rows_rewritten = _int(_value(md, "rows_rewritten"))
+            r.files_quarantined = _int(_value(md, "files_quarantined")) or 0
             r.quarantined = _int(_value(md, "quarantined_rows")) or 0
             r.skipped_reason = _value(md, "skipped_reason")
             r.snapshot_id = _value(md, "snapshot_id")

@@ -101,12 +101,13 @@ def test_preflight_sees_what_changed_since_validate(tmp_path):
 def summary_with_warn_quarantine_and_skip() -> RunSummary:
     return RunSummary("r1", "shop_job", [
         StageReport("bronze/orders", "shop.ingest_orders", materialized=True, rows_written=97, quarantined=3,
-                    snapshot_id="111", checks=[CheckReport("id_present", False, "warn", 3, "3 of 100 quarantined"),
+                    snapshot_id="111", files_quarantined=1, checks=[CheckReport("id_present", False, "warn", 3, "3 of 100 quarantined"),
                                                CheckReport("not_empty", True, "error", 0)]),
         StageReport("bronze/customers", "shop.ingest_customers", materialized=True, rows_written=0, rows_read=0,
                     skipped_reason="no new rows in source 'customers_db'", snapshot_id="222",
                     checks=[CheckReport("pk_unique", True, "error", evaluated=False)]),
         StageReport("silver/orders", "shop.clean_orders", materialized=True, rows_written=90, dropped=7,
+                    rows_inserted=5, rows_updated=85, rows_deleted=0, rows_rewritten=4000,
                     snapshot_id="333", checks=[CheckReport("amount_small", False, "warn", 2, "2 of 90 rows fail")]),
     ])
 
@@ -120,20 +121,27 @@ def test_run_summary_rows_outcome_and_exit_code():
                                                                    "--warn-error)")
     s.warn_error = False
     assert s.rows() == [
-        {"asset": "bronze/orders", "status": "published", "read": "100", "written": "97", "quarantined": 3,
-         "snapshot / branch": "snapshot 111"},
-        {"asset": "bronze/customers", "status": "skipped", "read": "0", "written": "0", "quarantined": 0,
-         "snapshot / branch": "snapshot 222"},
-        {"asset": "silver/orders", "status": "published", "read": "97", "written": "90", "quarantined": 0,
-         "snapshot / branch": "snapshot 333"}]
+        {"asset": "bronze/orders", "status": "published", "read": "100", "inserted": "97", "updated": "0",
+         "deleted": "0", "quarantined": 3, "files q.": 1, "snapshot / branch": "snapshot 111"},
+        {"asset": "bronze/customers", "status": "skipped", "read": "0", "inserted": "0", "updated": "0",
+         "deleted": "0", "quarantined": 0, "files q.": 0, "snapshot / branch": "snapshot 222"},
+        {"asset": "silver/orders", "status": "published", "read": "97", "inserted": "5", "updated": "85",
+         "deleted": "0", "quarantined": 0, "files q.": 0, "snapshot / branch": "snapshot 333"}]
     table = s.table()
     assert table.splitlines()[0] == "run r1 (shop_job): SUCCESS with warnings"
+    assert table.splitlines()[1].split() == ["asset", "status", "read", "inserted", "updated", "deleted",
+                                             "quarantined", "files", "q.", "snapshot", "/", "branch"]
+    # the files quarantined in this run, their reasons one command away
+    assert "    files quarantined: 1 (why: lakehouse audit --run-id r1 --event file_quarantined)" in table
     assert "    checks: id_present warn 3 failing; not_empty ok" in table
     assert "    skipped: no new rows in source 'customers_db'" in table
     assert "    checks: pk_unique not evaluated" in table
     tags = s.tags()
     assert tags["lakehouse/outcome"] == WARNINGS
     assert json.loads(tags["lakehouse/summary"])[0]["checks"] == {"id_present": "warn:3", "not_empty": "ok"}
+    # the physical rows rewritten stay available on their own
+    assert {k: json.loads(tags["lakehouse/summary"])[2][k] for k in ("inserted", "updated", "rewritten")} == {
+        "inserted": 5, "updated": 85, "rewritten": 4000}
 
     s.stages[2] = StageReport("silver/orders", failed=True, failure="blocking rule(s) amount_small",
                               branch="audit_r1", snapshot_id=None,
@@ -271,3 +279,22 @@ def test_preflight_reads_only_the_tables_of_its_stages(tmp_path):
     problems_for(cat, [cat.stage("shop", "sales")], Recorder({"silver.orders": {"order_day": "date",
                                                                                  "amount": "double"}}))
     assert set(asked) == {"silver.orders", "gold.sales"}  # not bronze: silver is read as it is now
+
+
+def test_audit_lists_a_runs_quarantined_files_and_why(settings, capsys):
+    """The run summary's hint, run as printed: `lakehouse audit --run-id R --event file_quarantined`
+    lists that run's quarantined files with their reasons, and nothing else."""
+    from lakehouse.platform import Platform
+
+    store = Platform.from_env().store
+    store.audit(run_id="r9", pipeline_id="p", stage_name="s", dataset="bronze.t", event="file_quarantined",
+                outcome="quarantined", error_class="CorruptFile", message="day3.jsonl: truncated JSON at line 7")
+    store.audit(run_id="r9", pipeline_id="p", stage_name="s", dataset="bronze.t", event="published",
+                outcome="success")
+    store.audit(run_id="r8", pipeline_id="p", stage_name="s", dataset="bronze.t", event="file_quarantined",
+                outcome="quarantined", message="day1.jsonl: other run")
+    capsys.readouterr()
+    assert cli(["audit", "--run-id", "r9", "--event", "file_quarantined"]) == 0
+    out = capsys.readouterr().out
+    assert "day3.jsonl: truncated JSON at line 7" in out and "CorruptFile" in out
+    assert "published" not in out and "day1.jsonl" not in out

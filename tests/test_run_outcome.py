@@ -70,9 +70,10 @@ def test_run_summary_with_warn_failure_quarantine_and_skip(platform, settings, u
     lines = out.splitlines()
     assert lines[0].endswith(f"({ns}_p): SUCCESS with warnings"), out
     row = {ln.split()[0]: ln.split() for ln in lines if ln.startswith(("bronze/", "silver/"))}
-    assert row["bronze/events"][1:5] == ["published", "4", "3", "1"]  # read 4 = 3 written + 1 quarantined
-    assert row["bronze/quiet"][1:5] == ["skipped", "0", "0", "0"]
-    assert row["silver/events"][1:5] == ["published", "3", "3", "0"]
+    # status, read, inserted, updated, deleted, quarantined, files quarantined
+    assert row["bronze/events"][1:8] == ["published", "4", "3", "0", "0", "1", "0"]  # read 4 = 3 inserted + 1 quarantined
+    assert row["bronze/quiet"][1:8] == ["skipped", "0", "0", "0", "0", "0", "0"]
+    assert row["silver/events"][1:8] == ["published", "3", "3", "0", "0", "0", "0"]
     assert "    checks: id_present warn 1 failing; amount_small warn 1 failing" in lines
     assert any(ln.startswith("    skipped: no new files in ") and ln.endswith(f"{ns}/quiet") for ln in lines), out
     assert "    checks: id_unique ok" in lines

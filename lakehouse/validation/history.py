@@ -39,7 +39,8 @@ def record_results(store: MetadataStore, outcomes: list[CheckOutcome], *, run_id
             "rule": o.rule.name, "rule_type": o.rule.type, "severity": o.rule.severity, "action": o.rule.action,
             "passed": bool(o.passed), "failed_rows": int(o.failed_rows), "total_rows": int(o.total_rows),
             "message": (o.message or "")[:4000],
-            "details": json.dumps({"expression": o.expression, **o.details}, default=str),
+            "details": json.dumps({"expression": o.expression, **o.details,
+                                   **({"scope": o.scope} if o.scope else {})}, default=str),
         }
         for o in outcomes
     ]
@@ -57,7 +58,8 @@ def record_outcomes(runner: StageContext, outcomes: list[CheckOutcome]) -> None:
         runner.audit("check", outcome="failed" if failed else "passed",
                      message=(f"failed: {', '.join(failed)}" if failed else f"{len(outcomes)} rule(s) passed"),
                      details={"rules": {o.rule.name: {"passed": o.passed, "severity": o.rule.severity,
-                                                      "failed_rows": o.failed_rows, "total_rows": o.total_rows}
+                                                      "failed_rows": o.failed_rows, "total_rows": o.total_rows,
+                                                      "scope": o.scope}
                                         for o in outcomes}})
 
 

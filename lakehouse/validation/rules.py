@@ -46,6 +46,9 @@ class CheckOutcome:
     sample: list[dict[str, Any]] = field(default_factory=list)
     message: str = ""
     details: dict[str, Any] = field(default_factory=dict)
+    #: what total_rows / failed_rows counted (`label_scopes`): the input rows (a merge: its change
+    #: set), the rows this run appended, the branch's rows of the merged keys, or the table
+    scope: str = ""
 
     @property
     def blocking_failure(self) -> bool:
@@ -548,7 +551,35 @@ def evaluate_rules(df: DataFrame, rules: list[Rule], *, context: dict[str, Any] 
             except RuleError as exc:
                 outcomes[r.name] = CheckOutcome(r, False, 0, total, describe(r), message=str(exc),
                                                 details={"error": str(exc)})
-    return [outcomes[r.name] for r in enabled]
+    return label_scopes([outcomes[r.name] for r in enabled], context, handled)
+
+
+#: what a check counted (CheckOutcome.scope); the write session says which apply (context `scope`,
+#: `input_scope`)
+SCOPE_INPUT, SCOPE_CHANGE_SET = "input rows", "change set"
+SCOPE_APPENDED, SCOPE_MERGED_KEYS = "rows appended by this run", "branch rows of the merged keys"
+SCOPE_PARTITIONS, SCOPE_REPLACED, SCOPE_TABLE = ("branch rows of the replaced partitions",
+                                                 "branch rows this run's writes replaced", "table")
+
+
+def label_scopes(outcomes: list[CheckOutcome], context: dict[str, Any], handled: set[str]) -> list[CheckOutcome]:
+    """Say what each outcome counted (its `scope`; the check history keeps it in `details.scope`): a
+    drop/quarantine rule the
+    input rows it split (a merge: the change set); row_count_change the table before and after;
+    `unique` the table (only the written keys of it when the write was scoped); every other rule
+    the rows the audit read (context `scope`, default the table)."""
+    rows = context.get("scope") or SCOPE_TABLE
+    for o in outcomes:
+        if o.rule.name in handled:
+            o.scope = context.get("input_scope") or SCOPE_INPUT
+        elif o.rule.type == "row_count_change":
+            o.scope = SCOPE_TABLE
+        elif o.rule.type == "unique":
+            o.scope = (f"table (the keys of the {rows})" if context.get("unique_scoped") and rows != SCOPE_TABLE
+                       else SCOPE_TABLE)
+        else:
+            o.scope = rows
+    return outcomes
 
 
 def _shared_unique(df: DataFrame, rules: list[Rule], context: dict[str, Any]) -> Rule | None:

@@ -18,6 +18,7 @@ from lakehouse.validation.rules import (
     action_outcome,
     dataset_rule,
     describe,
+    label_scopes,
     row_outcome,
 )
 
@@ -189,7 +190,7 @@ def evaluate(new: pa.Table, rules: list[Rule], context: dict[str, Any]) -> list[
         except RuleError as exc:  # as evaluate_rules: a row rule's error counts no rows
             outcomes[r.name] = CheckOutcome(r, False, 0, 0 if r.is_row_rule else total, describe(r),
                                             message=str(exc), details={"error": str(exc)})
-    return [outcomes[r.name] for r in enabled]
+    return label_scopes([outcomes[r.name] for r in enabled], context, handled)
 
 
 def _unique(r: Rule, table: pa.Table, rows: int) -> CheckOutcome:

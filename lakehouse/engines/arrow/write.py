@@ -14,7 +14,14 @@ from lakehouse.engines.arrow.rules import _sample, evaluate, failed_rules_column
 from lakehouse.engines.audited import BranchWrite, QuarantineBranch
 from lakehouse.engines.types import UTC_US
 from lakehouse.iceberg import WriteResult
-from lakehouse.validation.rules import FAILED_RULES_COLUMN, SAMPLE_ROWS, CheckOutcome, acting_rules
+from lakehouse.validation.rules import (
+    FAILED_RULES_COLUMN,
+    SAMPLE_ROWS,
+    SCOPE_APPENDED,
+    SCOPE_TABLE,
+    CheckOutcome,
+    acting_rules,
+)
 
 if TYPE_CHECKING:
     from lakehouse.core import Batch
@@ -110,7 +117,8 @@ class ArrowAuditedWrite(BranchWrite):
         head = self.tables.snapshot_id(self.ident, self.branch)
         context: dict[str, Any] = {"previous_row_count": self.previous_rows,
                                    "row_count_after": self._total_records(self.branch),
-                                   "row_actions": self.actions, "time_zone": self._time_zone()}
+                                   "row_actions": self.actions, "time_zone": self._time_zone(),
+                                   "scope": SCOPE_APPENDED if self.appends_only else SCOPE_TABLE}
         keys = sorted({c for r in self.rules if r.type == "unique" for c in r.columns})
         if keys:
             table = self.tables.meta.load_table(self.ident)

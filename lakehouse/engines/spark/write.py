@@ -18,8 +18,16 @@ from typing import TYPE_CHECKING, Any
 
 from lakehouse.engines.audited import BranchWrite, QuarantineBranch
 from lakehouse.iceberg import IcebergTables, WriteResult, retry_metadata_commit
+from lakehouse.sql_text import quote
 from lakehouse.validation.file_metrics import FileMetrics, answerable_keys
 from lakehouse.validation.rules import (
+    SCOPE_APPENDED,
+    SCOPE_CHANGE_SET,
+    SCOPE_INPUT,
+    SCOPE_MERGED_KEYS,
+    SCOPE_PARTITIONS,
+    SCOPE_REPLACED,
+    SCOPE_TABLE,
     CheckOutcome,
     RowPass,
     SchemaDrift,
@@ -67,6 +75,10 @@ class SparkAuditedWrite(BranchWrite):
         self._scopes: list | None = []
         self._appended = False
         self._change_set: DataFrame | None = None
+        # the distinct keys each merge wrote (persisted until the audit, which reads exactly the
+        # branch's rows of those keys) and what kinds of scoped writes there were
+        self._merged_keys: list[tuple[tuple[str, ...], DataFrame]] = []
+        self._scope_kinds: set[str] = set()
 
     # ------------------------------------------------------------------ write
     def _conform(self, df: DataFrame) -> DataFrame:
@@ -197,6 +209,14 @@ class SparkAuditedWrite(BranchWrite):
         """Record where this batch's write lands in the table (`_scopes`); a merge also gets the
         pruning predicate of its keys, so MERGE reads only the files those keys can be in."""
         spec = batch.write
+        # a merge target: its audit is scoped by the merged keys as well, but its MERGE is left as it
+        # was (its input may carry non-deterministic columns, `_ingested_at`, which Spark refuses in a
+        # MERGE whose condition has a pruning predicate)
+        as_target = spec is None and self.target.write_mode == "merge"
+        if as_target:
+            from lakehouse.iceberg import WriteSpec
+
+            spec = WriteSpec("merge", tuple(self.target.merge_keys))
         if spec is None:
             if self.target.write_mode != "append":
                 self._scopes = None
@@ -207,13 +227,21 @@ class SparkAuditedWrite(BranchWrite):
             from lakehouse.pruning import KeyScope
 
             self._change_set = keep.persist(StorageLevel.MEMORY_AND_DISK)  # its keys are read, then it is merged
-            scope = KeyScope.collect(keep, spec.merge_keys or self.target.merge_keys)
+            keys = tuple(spec.merge_keys or self.target.merge_keys)
+            scope = KeyScope.collect(keep, keys)
             if self._scopes is not None:
                 self._scopes.append(scope.column())
+                merged = keep.select(*[quote(k) for k in keys]).distinct().persist(StorageLevel.MEMORY_AND_DISK)
+                merged.count()  # materialized now: the change set it comes from is released after the write
+                self._merged_keys.append((keys, merged))
+                self._scope_kinds.add("merge")
+            if as_target:
+                return batch
             return dataclasses.replace(batch, write=dataclasses.replace(spec, prune=scope.sql("t")))
         if spec.mode == "overwrite" and spec.condition is not None:
             if self._scopes is not None:
                 self._scopes.append(spec.condition)
+                self._scope_kinds.add("partitions")
             return batch
         self._scopes = None
         return batch
@@ -291,7 +319,22 @@ class SparkAuditedWrite(BranchWrite):
             branch_df = self.tables.read(self.ident, self.branch)
         if not self.appends_only:
             scope = self._scope()
-            return branch_df if scope is None else branch_df.where(scope)
+            if scope is None:
+                return branch_df
+            rows = branch_df.where(scope)
+            keysets = {k for k, _ in self._merged_keys}
+            if self._scope_kinds == {"merge"} and len(keysets) == 1:
+                # the predicate selects every row of those keys and maybe more (a key's columns are
+                # scoped one by one, or by their bounds only): the merged keys themselves say which
+                from pyspark.sql import functions as F
+
+                keys = next(iter(keysets))
+                merged = functools.reduce(lambda a, b: a.union(b), [f for _, f in self._merged_keys]).distinct()
+                merged = merged.select(*[F.col(quote(k)).alias(f"__k{i}") for i, k in enumerate(keys)])
+                on = functools.reduce(operator.and_, [F.col(quote(k)).eqNullSafe(F.col(f"__k{i}"))
+                                                      for i, k in enumerate(keys)])
+                rows = rows.join(merged, on, "left_semi")
+            return rows
         if head is None or head == self.fork_snapshot:
             return branch_df.limit(0)
         reader = self.tables.spark.read.format("iceberg").option("end-snapshot-id", str(head))
@@ -319,6 +362,8 @@ class SparkAuditedWrite(BranchWrite):
                          else None),
             # a scoped write: `unique` checks the keys of the rows it wrote against the whole table
             "unique_scoped": self._scope() is not None,
+            "scope": self._rows_scope(),
+            "input_scope": SCOPE_CHANGE_SET if self._merged_keys else SCOPE_INPUT,
             "file_metrics": self.file_metrics(),
         }
 
@@ -336,9 +381,23 @@ class SparkAuditedWrite(BranchWrite):
                         self.ident, self.branch, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
             return None
 
+    def _rows_scope(self) -> str:
+        """What `new_rows` reads, in words (CheckOutcome.scope)."""
+        if self.appends_only:
+            return SCOPE_APPENDED
+        if self._scope() is None:
+            return SCOPE_TABLE
+        return {frozenset({"merge"}): SCOPE_MERGED_KEYS, frozenset({"partitions"}): SCOPE_PARTITIONS}.get(
+            frozenset(self._scope_kinds), SCOPE_REPLACED)
+
     def audit(self) -> list[CheckOutcome]:
-        context = self.context()
-        return evaluate_rules(self.new_rows(context["table"]), self.rules, context=context)
+        try:
+            context = self.context()
+            return evaluate_rules(self.new_rows(context["table"]), self.rules, context=context)
+        finally:
+            for _, keys in self._merged_keys:
+                keys.unpersist()
+            self._merged_keys = []
 
 
 def align_to_table(df: DataFrame, table_schema) -> DataFrame:
