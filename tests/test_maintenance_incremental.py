@@ -138,6 +138,15 @@ def test_quarantine_table_is_compacted_and_expired_with_its_table(platform, spar
             .coalesce(1).writeTo(tables.qualified(qident)).append()
     rows = sorted(tuple(map(str, r.values())) for r in
                   platform.pyiceberg_catalog().load_table(qident).scan().to_arrow().to_pylist())
+    # the data table is an incremental consumer: its write recorded what it read of its upstream; small
+    # writes follow that carry no mark (as a compaction's snapshot carries none)
+    for i in range(8):
+        w = spark.createDataFrame([(i, "x")], "id BIGINT, v STRING").coalesce(1).writeTo(tables.qualified(ident))
+        if i == 0:
+            w = w.option(f"snapshot-property.{maintenance.CONSUMED_PREFIX}{unique_ns}.src", "123")
+        w.append()
+        if i == 0:
+            md_first = tables.snapshot_id(ident)
     time.sleep(1)
 
     assert cli(["maintain", "--namespace", unique_ns]) == 0  # the namespace's tables: its quarantine table too
@@ -149,6 +158,13 @@ def test_quarantine_table_is_compacted_and_expired_with_its_table(platform, spar
     tbl = platform.pyiceberg_catalog().load_table(qident)
     assert len(tbl.metadata.snapshots) <= 2
     assert sorted(tuple(map(str, r.values())) for r in tbl.scan().to_arrow().to_pylist()) == rows
+    # the data table was compacted and expired too, but kept the snapshot with what it consumed
+    [data] = [e for e in platform.store.audit_entries(limit=20)
+              if e.event == maintenance.AUDIT_EVENT and e.dataset == ident]
+    assert data.details["data_files_rewritten"] == 8 and not data.details.get("snapshots_expired"), data.details
+    assert data.details["protected_for_consumers"] == {ident: md_first}
+    md = platform.pyiceberg_catalog().load_table(ident).metadata
+    assert consumed_marks(md, md.refs["main"].snapshot_id) == {f"{unique_ns}.src": 123}
     # and by name, as its table's companion: the target's kill switch stops it too
     assert cli(["target", "disable", "events"]) == 0
     res = maintenance.maintain(platform, maintenance.resolve_target(platform.catalog(), qident))
