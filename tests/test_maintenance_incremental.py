@@ -7,7 +7,9 @@ over the compactions' `replace` snapshots, gold recomputes exactly the days the 
 Iceberg's own incremental read of bronze over the compaction returns exactly the new rows, and
 silver and gold equal the independent expectation (plain Python over the landed files). And a
 target's quarantine table is maintained with it: `lakehouse maintain` compacts it and expires its
-snapshots under the target's policy, with results in the audit log.
+snapshots under the target's policy, with results in the audit log, and the data table keeps its
+own consumed-marks snapshot through expiry. A dimension read in full beside the incremental upstream
+whose files were only rewritten is no change of it.
 """
 
 from __future__ import annotations
@@ -169,3 +171,46 @@ def test_quarantine_table_is_compacted_and_expired_with_its_table(platform, spar
     assert cli(["target", "disable", "events"]) == 0
     res = maintenance.maintain(platform, maintenance.resolve_target(platform.catalog(), qident))
     assert res["skipped"] == "target 'events' is disabled by control_flags"
+
+
+def test_a_compacted_dimension_is_no_change(platform, tmp_path):
+    """Orders joined to users (read in full beside the orders): users' files rewritten (a replace
+    snapshot) is not a change of users, so the next run still merges only the new orders."""
+    import json
+
+    from lakehouse.iceberg import quote, sql_string
+    from lakehouse.runner import StageRunner
+    from tests.test_incremental import ORDERS, _apply_one
+
+    cat = _apply_one(platform, tmp_path, ORDERS)
+    s = platform.settings
+    for d in ("orders", "users"):
+        (s.landing_dir / d).mkdir(parents=True)
+
+    def round_(n: int, orders: list[tuple], users: dict | None = None) -> dict:
+        (s.landing_dir / "orders" / f"{n}.jsonl").write_text(
+            "".join(json.dumps({"id": i, "uid": u, "amount": a}) + "\n" for i, u, a in orders))
+        if users is not None:
+            (s.landing_dir / "users" / f"{n}.jsonl").write_text(
+                "".join(json.dumps({"uid": u, "country": c}) + "\n" for u, c in users.items()))
+        for stage in ("orders_in", "users_in", "enrich"):
+            r = StageRunner(platform, "orders", stage)
+            r.load(r.extract())
+        return {r["id"]: (r["amount"], r["country"]) for r in cat.load_table("silver.orders").scan().to_arrow().to_pylist()}
+
+    round_(1, [("o1", 1, 10), ("o2", 2, 20)], {1: "US", 2: "DE"})
+    round_(2, [("o3", 1, 30)])
+    assert _mode(cat, "silver.orders") == MERGE
+    spark = platform.spark()
+    for t in ("bronze.users", "bronze.orders"):  # every file rewritten: a replace snapshot on each
+        spark.sql(f"CALL {quote(s.catalog_name)}.system.rewrite_data_files(table => {sql_string(t)}, "
+                  "options => map('rewrite-all', 'true'))").collect()
+        assert cat.load_table(t).current_snapshot().summary.operation.value == "replace"
+    got = round_(3, [("o4", 2, 40)])
+    assert got == {"o1": (10, "US"), "o2": (20, "DE"), "o3": (30, "US"), "o4": (40, "DE")}
+    e = [e for e in platform.store.audit_entries(pipeline_id="orders", event="incremental")
+         if e.stage_name == "enrich"][-1]
+    assert (_mode(cat, "silver.orders"), e.outcome) == (MERGE, "incremental"), e.message
+    assert "only rewrote files" in e.message and "changed since" not in e.message
+    props = cat.load_table("silver.orders").current_snapshot().summary.additional_properties
+    assert props["lakehouse.consumed.bronze.users"] == str(cat.load_table("bronze.users").current_snapshot().snapshot_id)
