@@ -25,9 +25,17 @@ where they were (the next run reads the same range again); a crash after it, bot
 `incremental`, outcome `fallback_full`) and in the run's metadata (`incremental`): no mark yet
 (first run), the consumed snapshot is gone (expired) or no longer an ancestor (history rewritten
 or rolled back), an upstream snapshot in the range is not of a kind the mode can follow (merge:
-anything but an append, as the append read would silently skip it; partitions: a replace or any
-operation other than append, overwrite and delete), the changelog cannot be read (delete files),
-or the upstream was read from a replica.
+anything but an append, as the append read would silently skip it; partitions: any operation other
+than append, overwrite and delete), the changelog cannot be read (delete files), or the upstream was
+read from a replica.
+
+**File rewrites are no change.** A snapshot whose operation is `replace` (compaction's
+rewrite_data_files, rewrite_manifests: lakehouse.maintenance) rewrote files and changed no row, by
+Iceberg's definition of the operation. Every mode steps over it (REWRITES): Iceberg's incremental
+append read and its changelog skip it themselves, reading only the files the later appends added
+(and the rows the later overwrites and deletes changed), so the change set and the touched
+partitions are those of the range without it; a range of rewrites only is nothing new. The same holds
+for an upstream read in full beside the incremental one: rewritten files alone are not a change of it.
 """
 
 from __future__ import annotations
@@ -55,6 +63,8 @@ MODE_PROPERTY = "lakehouse.incremental"
 MERGE, PARTITIONS, FULL, NOTHING = "merge", "partitions", "full", "nothing"
 #: the upstream snapshot operations each mode reads incrementally; any other means a full recompute
 FOLLOWS = {MERGE: frozenset({"append"}), PARTITIONS: frozenset({"append", "overwrite", "delete"})}
+#: snapshot operations that only rewrite files (compaction, manifest rewrite), changing no row: every mode skips them
+REWRITES = frozenset({"replace"})
 
 #: the run tags a partitioned Dagster run carries (one day, or a range of them in a single-run backfill);
 #: `lakehouse backfill` sets the range ones too
@@ -75,6 +85,8 @@ class Decision:
     consumed: int | None
     end: int | None
     reason: str = ""
+    #: snapshots in the range that only rewrote files (REWRITES), stepped over
+    rewrites: tuple[int, ...] = ()
 
     def describe(self) -> str:
         if self.mode == FULL:
@@ -85,19 +97,30 @@ class Decision:
             f" ({self.reason})" if self.reason else "")
 
 
-def consumed_marks(md: Any, head: int | None) -> dict[str, int]:
-    """{upstream: snapshot id} the table consumed as of its snapshot `head`: the marks of the newest
-    snapshot from `head` back that carries any (the stage's last write; a compaction after it has none)."""
+def _marks_of(snap: Any) -> dict[str, int]:
+    props = snap.summary.additional_properties if snap.summary is not None else {}
+    return {k[len(CONSUMED_PREFIX):]: int(v) for k, v in props.items()
+            if k.startswith(CONSUMED_PREFIX) and v.lstrip("-").isdigit()}
+
+
+def marks_snapshot(md: Any, head: int | None) -> int | None:
+    """The newest snapshot from `head` back that carries consumed marks (the stage's last write; a
+    compaction after it has none), or None. Expiry keeps it (lakehouse.maintenance): without it the
+    table's next incremental run would not know what it consumed."""
     if head is None:
-        return {}
+        return None
     parents = {s.snapshot_id: s.parent_snapshot_id for s in md.snapshots}
     for sid in _walk_parents(parents, head):
-        snap = md.snapshot_by_id(sid)
-        props = snap.summary.additional_properties if snap.summary is not None else {}
-        marks = {k[len(CONSUMED_PREFIX):]: v for k, v in props.items() if k.startswith(CONSUMED_PREFIX)}
-        if marks:
-            return {k: int(v) for k, v in marks.items() if v.lstrip("-").isdigit()}
-    return {}
+        if _marks_of(md.snapshot_by_id(sid)):
+            return sid
+    return None
+
+
+def consumed_marks(md: Any, head: int | None) -> dict[str, int]:
+    """{upstream: snapshot id} the table consumed as of its snapshot `head`: the marks of
+    marks_snapshot (the stage's last write, also behind a later compaction's snapshot)."""
+    sid = marks_snapshot(md, head)
+    return {} if sid is None else _marks_of(md.snapshot_by_id(sid))
 
 
 def snapshot_graph(md: Any) -> dict[int, tuple[int | None, str]]:
@@ -126,12 +149,30 @@ def decide(graph: SnapshotGraph, mode: str, upstream: str, consumed: int | None,
             return Decision(NOTHING, upstream, consumed, end, f"a later snapshot ({consumed}) was consumed already")
         return full(f"snapshot {consumed}, consumed last, is not an ancestor of {end} (history rewritten or "
                     "rolled back)")
+    rewrites: list[int] = []
     for sid in reversed(chain[:chain.index(consumed)]):
         op = graph[sid][1]
-        if op not in FOLLOWS[mode]:
+        if op in REWRITES:
+            rewrites.append(sid)
+        elif op not in FOLLOWS[mode]:
             return full(f"snapshot {sid} is a {op}, which {mode} mode cannot follow (it reads "
                         f"{' / '.join(sorted(FOLLOWS[mode]))} only)")
-    return Decision(mode, upstream, consumed, end)
+    steps = _rewrites_text(rewrites)
+    if rewrites and len(rewrites) == chain.index(consumed):
+        return Decision(NOTHING, upstream, consumed, end, f"{steps}, no row changed", tuple(rewrites))
+    return Decision(mode, upstream, consumed, end, f"{steps}: stepped over" if rewrites else "", tuple(rewrites))
+
+
+def _rewrites_text(rewrites: list[int]) -> str:
+    shown = ", ".join(map(str, rewrites[:5])) + (f" and {len(rewrites) - 5} more" if len(rewrites) > 5 else "")
+    return (f"snapshot{'s' if len(rewrites) > 1 else ''} {shown} only rewrote files (compaction or manifest "
+            "rewrite, operation replace)")
+
+
+def only_rewrites(graph: SnapshotGraph, since: int, end: int) -> bool:
+    """Whether `since` is an ancestor of `end` and every snapshot after it only rewrote files."""
+    chain = _walk_parents({sid: p for sid, (p, _) in graph.items()}, end)
+    return since in chain and all(graph[sid][1] in REWRITES for sid in chain[:chain.index(since)])
 
 
 def _in(column: Column, values: list) -> Column:
@@ -237,6 +278,9 @@ class IncrementalRead:
             return ""
         if consumed is None:
             return f"{other}, read in full beside it, has no consumed snapshot recorded (it is at {now})"
+        if now is not None and only_rewrites(
+                snapshot_graph(self.ctx.platform.pyiceberg_catalog().load_table(other).metadata), consumed, now):
+            return ""  # compacted or its manifests rewritten since: the same rows
         return (f"{other}, read in full beside it, changed since the run before (snapshot {consumed} -> {now}): "
                 "rows computed from it earlier may be stale")
 
@@ -282,10 +326,10 @@ class IncrementalRead:
                 touched = self._touched(d)
             except Exception as exc:  # noqa: BLE001 - e.g. delete files: the changelog cannot say, recompute all
                 text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-                d = Decision(FULL, d.upstream, d.consumed, d.end, f"its changelog is unreadable: {text}")
+                d = Decision(FULL, d.upstream, d.consumed, d.end, f"its changelog is unreadable: {text}", d.rewrites)
             else:
                 if not touched:
-                    d = Decision(NOTHING, d.upstream, d.consumed, d.end, "its new snapshots changed no rows")
+                    d = Decision(NOTHING, d.upstream, d.consumed, d.end, "its new snapshots changed no rows", d.rewrites)
         self._report(d, touched)
         if d.mode == NOTHING:
             if fork is not None:
@@ -350,6 +394,8 @@ class IncrementalRead:
         details: dict[str, Any] = {"mode": d.mode, "upstream": d.upstream, "consumed": d.consumed, "end": d.end}
         if touched:
             details["partitions"] = [str(v) for v in touched[:100]]
+        if d.rewrites:
+            details["rewrites_skipped"] = list(d.rewrites)
         if self.others:
             details["read_in_full"] = dict(self.others)
         outcome = {FULL: "fallback_full", NOTHING: "nothing_new"}.get(d.mode, "incremental")

@@ -19,7 +19,11 @@ under the target's `maintenance` block (model.Maintenance; unset fields take the
   when one would remove an audit branch, expiry is skipped for the table and the reason recorded.
   An incremental consumer records the upstream snapshot it read up to in its own snapshot summary
   as `lakehouse.consumed.<upstream namespace.table>` = snapshot id (CONSUMED_PREFIX); expiry never
-  goes past the oldest such snapshot still in the table, so the next incremental read finds it;
+  goes past the oldest such snapshot still in the table, so the next incremental read finds it, nor
+  past the table's own newest snapshot carrying such marks (lakehouse.incremental.marks_snapshot:
+  after a compaction the head is the compaction's snapshot, which has none), so the table's own
+  next incremental run knows what it consumed. A compaction's snapshot (operation `replace`) is
+  no change to an incremental consumer: its next run stays incremental;
 * `remove_orphan_files` older than `orphan_min_age_hours` (at least 24: a younger file may be a
   concurrent writer's, not yet committed), and not at all while a live run holds a lease on the
   table (lakehouse.coordination), whose uncommitted files look exactly like orphans. The procedure
@@ -27,6 +31,11 @@ under the target's `maintenance` block (model.Maintenance; unset fields take the
   files, or the platform's S3 client) finds none, it is not called: a table younger than the cutoff
   costs no Spark job, while a table re-created at an old location, holding old files, still does;
 * `rewrite_manifests` once the current snapshot has more than MANIFEST_TRIGGER manifests.
+
+A target's quarantine table (`<table>__quarantine`, lakehouse.validation.quarantine) is maintained
+with it, right after it, under the same policy, once it exists: it takes the target's publish lock,
+leases and kill switch (its rows are published with the target's, under that lock), so
+maintained_tables lists it when given a way to tell which tables exist.
 
 What is not due is decided from metadata alone (PyIceberg, the listing): a table with nothing due
 costs no Spark call, so a maintenance step whose tables are all quiet starts no SparkSession; every
@@ -42,13 +51,18 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from lakehouse.iceberg import MAIN, quote, sql_string
-from lakehouse.incremental import CONSUMED_PREFIX, consumed_marks  # noqa: F401 - the consumers' key, named here too
+from lakehouse.incremental import (  # noqa: F401 - the consumers' key, named here too
+    CONSUMED_PREFIX,
+    consumed_marks,
+    marks_snapshot,
+)
 from lakehouse.metadata.model import Maintenance
 
 if TYPE_CHECKING:
@@ -98,10 +112,11 @@ def schedule(catalog: MetadataCatalog, namespace: str) -> str:
             or DEFAULT_SCHEDULE)
 
 
-def maintained_tables(catalog: MetadataCatalog) -> list[Target]:
+def maintained_tables(catalog: MetadataCatalog, exists: Callable[[str], bool] | None = None) -> list[Target]:
     """The Iceberg targets, then `entity_raw.<app>` of every registered application that no target
     declares (the platform creates those tables; they take the platform defaults, target id
-    `entity_raw:<app>`)."""
+    `entity_raw:<app>`). With `exists`, each table is followed by its quarantine table when that
+    exists (quarantine_of: the table's policy)."""
     from lakehouse import entity_raw
     from lakehouse.metadata.model import Target
 
@@ -113,21 +128,45 @@ def maintained_tables(catalog: MetadataCatalog) -> list[Target]:
             ns, tbl = ident.split(".", 1)
             out.append(Target(target_id=f"{ns}:{tbl}", namespace=ns, table=tbl,
                               description=f"raw records of application {app.application_id}"))
-    return out
+    if exists is None:
+        return out
+    return [x for t in out for x in (t, quarantine_of(t)) if x is t or exists(x.identifier)]
 
 
-def namespaces(catalog: MetadataCatalog) -> dict[str, list[Target]]:
-    """{namespace: its maintained tables}, in metadata order."""
+def quarantine_of(target: Target) -> Target:
+    """The target's quarantine table as a maintained table: the target's maintenance block (same policy)."""
+    from lakehouse.validation.quarantine import quarantine_target
+
+    return quarantine_target(target).model_copy(update={"maintenance": target.maintenance})
+
+
+def owner(target: Target) -> Target:
+    """The table whose writers `target` shares: a quarantine table's data table (its rows are published
+    under the data table's publish lock, by runs holding leases on the data table, stopped by its kill
+    switch; and its loads claim the data table's pool); any other table itself."""
+    from lakehouse.metadata.model import Target
+    from lakehouse.validation.quarantine import SUFFIX
+
+    if not (target.table.endswith(SUFFIX) and target.target_id.endswith(SUFFIX)):
+        return target
+    return Target(target_id=target.target_id.removesuffix(SUFFIX), namespace=target.namespace,
+                  table=target.table.removesuffix(SUFFIX))
+
+
+def namespaces(catalog: MetadataCatalog, exists: Callable[[str], bool] | None = None) -> dict[str, list[Target]]:
+    """{namespace: its maintained tables}, in metadata order (with `exists`: quarantine tables too)."""
     out: dict[str, list[Target]] = {}
-    for t in maintained_tables(catalog):
+    for t in maintained_tables(catalog, exists):
         out.setdefault(t.namespace, []).append(t)
     return out
 
 
 def resolve_target(catalog: MetadataCatalog, name: str) -> Target:
-    """A maintained table by target id or by `namespace.table`; KeyError naming the known ones otherwise."""
+    """A maintained table (or its quarantine table) by target id or by `namespace.table`; KeyError
+    naming the known ones otherwise."""
     tables = maintained_tables(catalog)
-    t = next((x for x in tables if name in (x.target_id, x.identifier) or x.identifier == name.lower()), None)
+    t = next((x for x in maintained_tables(catalog, lambda _: True)
+              if name in (x.target_id, x.identifier) or x.identifier == name.lower()), None)
     if t is None:
         known = sorted(x.identifier for x in tables)
         raise KeyError(f"unknown table {name!r}: not an Iceberg target or entity_raw table in the metadata; "
@@ -304,6 +343,9 @@ def plan(platform: Platform, tables: IcebergTables, catalog: MetadataCatalog, ta
             f", {before.files_with_deletes} file(s) with deletes" if before.files_with_deletes else "")
     expire_before = now_ms - int(pol.snapshot_max_age_hours * 3600_000)
     protected = consumer_floor(tables, catalog, ident)
+    own = marks_snapshot(md, md.refs[MAIN].snapshot_id if MAIN in md.refs else None)
+    if own is not None:  # what the table itself consumed last: its next incremental run reads on from there
+        protected[ident] = own
     if protected:
         snap_ts = {s.snapshot_id: s.timestamp_ms for s in md.snapshots}
         expire_before = min(expire_before, *(snap_ts[s] for s in protected.values()))
@@ -311,13 +353,14 @@ def plan(platform: Platform, tables: IcebergTables, catalog: MetadataCatalog, ta
     expire = threat is None and before.snapshots > pol.min_snapshots_to_keep
     reasons["expire"] = threat or (f"{before.snapshots} snapshot(s), keep the newest {pol.min_snapshots_to_keep} and "
                                    f"those after {_iso(expire_before)}"
-                                   + (f" (held back by consumer(s) {sorted(protected)})" if protected else ""))
+                                   + (f" (held back for the incremental reads of {sorted(protected)})"
+                                      if protected else ""))
     if expire:
         expirable = _expirable(md, now_ms, expire_before)
         expire = expirable is not None
         reasons["expire"] += f": {expirable}" if expire else ": none is older, no ref past its max-ref-age"
     orphan_before = now_ms - int(pol.orphan_min_age_hours * 3600_000)
-    live = coordination.live_runs(platform, ident)
+    live = coordination.live_runs(platform, owner(target).identifier)
     orphans, no_old_files = not live, False
     if live:
         reasons["orphans"] = f"postponed: run(s) {', '.join(sorted(live))} are writing the table"
@@ -422,8 +465,9 @@ def _switched_off(platform: Platform, target: Target, pol: Maintenance) -> str |
         return "maintenance.enabled is false"
     if platform.store.flag("platform", "*") is False:
         return "the whole platform is disabled (control_flags platform/*)"
-    if platform.store.flag("target", target.target_id) is False:
-        return f"target {target.target_id!r} is disabled by control_flags"
+    for t in dict.fromkeys((target.target_id, owner(target).target_id)):
+        if platform.store.flag("target", t) is False:
+            return f"target {t!r} is disabled by control_flags"
     return None
 
 
@@ -467,12 +511,14 @@ def _run(tables: IcebergTables, ident: str, p: Plan, out: dict[str, Any]) -> Non
 
 def maintain_all(platform: Platform, *, namespace: str | None = None, tables: list[str] | None = None,
                  dry_run: bool = False, run_id: str | None = None) -> list[dict[str, Any]]:
-    """Every Iceberg target (of `namespace`, or the named tables) in metadata order."""
+    """Every Iceberg target, each followed by its quarantine table once that exists (of `namespace`,
+    or the named tables) in metadata order."""
     catalog = platform.catalog()
     if tables:
         targets = [resolve_target(catalog, t) for t in tables]
     else:
-        targets = [t for ns, ts in namespaces(catalog).items() if namespace in (None, ns) for t in ts]
+        exists = platform.pyiceberg_catalog().table_exists
+        targets = [t for ns, ts in namespaces(catalog, exists).items() if namespace in (None, ns) for t in ts]
     return [maintain(platform, t, dry_run=dry_run, run_id=run_id, catalog=catalog) for t in targets]
 
 

@@ -12,7 +12,8 @@ the target's load ops (lakehouse_assets.pool_slots: it waits while loads fill th
 and maintenance together never exceed the target's limit). Each table's procedures run under the
 table's publish lock (lakehouse.coordination: a maintenance commit never lands between a
 publisher's check and its commit; publishers of that table queue behind it), and orphan files are
-never removed while a run holds a lease on the table (lakehouse.maintenance)."""
+never removed while a run holds a lease on the table (lakehouse.maintenance). A table's quarantine
+table, once it exists, is maintained right after it, in the table's pool slot and under its lock."""
 
 from __future__ import annotations
 
@@ -65,11 +66,13 @@ def _maintain(context: dg.AssetExecutionContext, namespace: str) -> dg.Materiali
     platform = context.resources.lakehouse.platform()
     catalog = platform.catalog()
     rows, failed = [], []
-    for target in maintenance.namespaces(catalog).get(namespace, []):
+    exists = platform.pyiceberg_catalog().table_exists
+    for target in maintenance.namespaces(catalog, exists).get(namespace, []):
+        owner = maintenance.owner(target)  # a quarantine table: its data table's pool and lock
         try:
             # the pool slot first, then the lock: the order a load takes them (its op's slot, then publish)
-            with _table_slot(context, target_pool(catalog, target)) as waited, \
-                    publish_lock(platform, target.identifier):
+            with _table_slot(context, target_pool(catalog, owner)) as waited, \
+                    publish_lock(platform, owner.identifier):
                 res = maintenance.maintain(platform, target, run_id=context.run_id, catalog=catalog)
             if waited >= 0.05:
                 res["pool_wait_s"] = round(waited, 1)

@@ -109,18 +109,25 @@ def test_incremental_stage_over_two_tables_names_the_one_read_incrementally(tmp_
 
 # --------------------------------------------------------------------------- fast lane: decisions
 
-#: 1 <- 2 <- 3 (overwrite) <- 4 ; 9 on another line of history
+#: 1 <- 2 <- 3 (overwrite) <- 4 <- 5 (replace: a compaction) <- 6 <- 7 (replace) ; 9 on another line of history
 GRAPH = {1: (None, "append"), 2: (1, "append"), 3: (2, "overwrite"), 4: (3, "append"), 5: (4, "replace"),
-         9: (None, "append")}
+         6: (5, "append"), 7: (6, "replace"), 9: (None, "append")}
 
 
 @pytest.mark.parametrize("mode, consumed, end, want, why", [
     (MERGE, 1, 2, MERGE, ""),
     (MERGE, 2, 4, FULL, "snapshot 3 is a overwrite, which merge mode cannot follow"),
     (PARTITIONS, 2, 4, PARTITIONS, ""),
-    (PARTITIONS, 2, 5, FULL, "snapshot 5 is a replace, which partitions mode cannot follow"),
+    # a replace (compaction, manifest rewrite) changed no row: every mode steps over it (issue 39, item 5)
+    (PARTITIONS, 2, 5, PARTITIONS, "snapshot 5 only rewrote files (compaction or manifest rewrite, operation "
+                                   "replace): stepped over"),
+    (MERGE, 4, 6, MERGE, "snapshot 5 only rewrote files"),
+    (MERGE, 4, 7, MERGE, "snapshots 5, 7 only rewrote files"),
+    (MERGE, 4, 5, NOTHING, "snapshot 5 only rewrote files (compaction or manifest rewrite, operation replace), "
+                           "no row changed"),
+    (MERGE, 2, 5, FULL, "snapshot 3 is a overwrite, which merge mode cannot follow"),
     (MERGE, None, 2, FULL, "no snapshot of it consumed yet"),
-    (MERGE, 7, 2, FULL, "snapshot 7, consumed last, is gone (expired)"),
+    (MERGE, 8, 2, FULL, "snapshot 8, consumed last, is gone (expired)"),
     (MERGE, 9, 2, FULL, "snapshot 9, consumed last, is not an ancestor of 2"),
     (MERGE, 2, 2, NOTHING, "was consumed already"),
     (MERGE, 4, 2, NOTHING, "a later snapshot (4) was consumed already"),
@@ -131,6 +138,16 @@ def test_decide(mode, consumed, end, want, why):
     assert why in d.reason
     if want == FULL:
         assert d.describe().startswith(f"full recompute of bronze.t up to snapshot {end}: ")
+    assert d.rewrites == tuple(s for s in (5, 7) if want != FULL and consumed is not None
+                               and consumed < s <= end and end in GRAPH)
+
+
+def test_only_rewrites():
+    """An upstream read in full beside the incremental one is unchanged across compactions only."""
+    from lakehouse.incremental import only_rewrites
+
+    assert only_rewrites(GRAPH, 4, 5) and only_rewrites(GRAPH, 6, 7) and only_rewrites(GRAPH, 7, 7)
+    assert not only_rewrites(GRAPH, 4, 6) and not only_rewrites(GRAPH, 9, 5)
 
 
 # --------------------------------------------------------------------------- fast lane: pruning predicates

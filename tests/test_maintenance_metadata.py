@@ -125,3 +125,30 @@ def test_demo_maintenance_assets_list_their_tables_without_depending_on_them():
     assert {k: (sorted(a.dependency_keys), a.metadata_by_key[a.key]["tables"]) for k, a in assets.items()} == {
         "maintenance/bronze": ([], "bronze.user_events"), "maintenance/silver": ([], "silver.user_events"),
         "maintenance/gold": ([], "gold.daily_user_events"), "maintenance/entity_raw": ([], "entity_raw.demo_app")}
+
+
+def test_quarantine_tables_are_maintained_with_their_tables(tmp_path):
+    """Each table is followed by its quarantine table once that exists, under the table's policy; the
+    quarantine table takes its table's lock, leases, kill switch and pool (owner)."""
+    f = tmp_path / "q.yaml"
+    f.write_text("""
+targets:
+  - {target_id: a, namespace: bronze, table: a, maintenance: {min_snapshots_to_keep: 3}}
+  - {target_id: b, namespace: bronze, table: b}
+applications:
+  - {application_id: Tableau}
+""")
+    cat = load_metadata(f).catalog
+    exists = {"bronze.a__quarantine", "entity_raw.tableau__quarantine"}.__contains__
+    got = {ns: [t.identifier for t in ts] for ns, ts in maintenance.namespaces(cat, exists).items()}
+    assert got == {"bronze": ["bronze.a", "bronze.a__quarantine", "bronze.b"],
+                   "entity_raw": ["entity_raw.tableau", "entity_raw.tableau__quarantine"]}
+    assert [t.identifier for t in maintenance.maintained_tables(cat)] == ["bronze.a", "bronze.b", "entity_raw.tableau"]
+    q = maintenance.resolve_target(cat, "bronze.a__quarantine")
+    assert q.target_id == "a__quarantine" and maintenance.resolve_target(cat, "a__quarantine") == q
+    assert maintenance.policy(cat, q) == maintenance.policy(cat, cat.target("a"))
+    assert maintenance.policy(cat, q).min_snapshots_to_keep == 3
+    o = maintenance.owner(q)
+    assert (o.target_id, o.identifier) == ("a", "bronze.a") and maintenance.owner(cat.target("b")) is cat.target("b")
+    raw_q = maintenance.resolve_target(cat, "entity_raw.tableau__quarantine")
+    assert maintenance.owner(raw_q).target_id == "entity_raw:tableau"
