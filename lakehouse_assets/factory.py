@@ -284,7 +284,7 @@ class _Load:
         # Dagster records a materialization per partition of a partitioned run's output itself; an
         # unpartitioned run of a time-partitioned asset records one per period the publish wrote (below)
         by_dagster = context.has_partition_key or context.has_partition_key_range
-        if (staged.audited is None or (step.partitioned and not by_dagster)) and not step.feeds_this_run(context):
+        if (staged.changes_nothing or (step.partitioned and not by_dagster)) and not step.feeds_this_run(context):
             # nothing new (or periods to record one by one) and no stage of this run waits for the
             # output: no output, so no materialization of Dagster's own; published here instead
             outcome = publish_write(write)
