@@ -255,7 +255,13 @@ class _Load:
     generator waits at its `yield Output` (Dagster stores an output before it resumes the op), and
     the check results follow the materialization, from the final outcome (a remainder written
     again is audited again). The upstream tables arrive as loaders (the IO manager's, at the run's
-    pinned snapshots), called only if the stage's SQL or Python runs."""
+    pinned snapshots), called only if the stage's SQL or Python runs.
+
+    A materialization means the table changed (issue 39): a step that changed nothing (skipped,
+    nothing new, a recompute identical to main) yields no output and logs an observation saying
+    why, unless a stage of this run reads its table (Dagster skips a step whose upstream output is
+    missing, and a reader of several tables must run when another one changed). A time-partitioned
+    target in an unpartitioned run records one materialization per period its publish wrote."""
 
     __signature__ = _COMPUTE_SIGNATURE
 
@@ -474,8 +480,8 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
         keys_by_input_name=dict(zip(input_names, deps, strict=True)),
         keys_by_output_name={"result": key},
         check_specs_by_output_name=dict(zip(check_outs, specs, strict=True)),
-        specs=[spec],
-        **partitions,
+        specs=[spec],  # the partitions definition rides on the spec (the constructor refuses it twice)
+        backfill_policy=partitions.get("backfill_policy"),
     )
 
 

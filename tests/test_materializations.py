@@ -129,3 +129,41 @@ def test_a_recompute_identical_to_main_publishes_nothing_and_a_reader_of_two_tab
     assert rows_of(lake, "gold.ab") == [{"a_rows": 2, "b_rows": 3}], out
     assert len(materializations(instance, GOLD)) == 2
     assert len(materializations(instance, B)) == 3
+
+
+@pytest.mark.slow
+def test_the_partitions_a_run_wrote_are_materialized_then_the_backfilled_ones_again(platform, tmp_path):
+    """A time-partitioned gold (daily, Spark): `lakehouse run` records one materialization per day it
+    wrote (the Partitions tab shows every day as there), no unpartitioned one; `lakehouse backfill` of
+    three days records a newer materialization for exactly those three."""
+    from lakehouse.runner import StageRunner
+    from tests.test_incremental import CLICKS
+
+    landing = platform.settings.landing_dir / "clicks"
+    landing.mkdir(parents=True)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "clicks.yaml").write_text(CLICKS)
+    platform.store.apply(load_metadata(tmp_path / "m"))
+
+    def land(name: str, clicks: list[tuple[str, int]]) -> None:
+        (landing / name).write_text("".join(json.dumps({"ts": t, "amount": a}) + "\n" for t, a in clicks))
+
+    days = [f"2026-11-0{d}" for d in range(1, 7)]
+    land("a.jsonl", [(f"{d} 0{h}:00:00", 1) for d in days for h in (1, 2)])
+    assert cli(["run", "clicks"]) == 0
+    instance = dg.DagsterInstance.get()
+    key = dg.AssetKey(["gold", "daily_clicks"])
+    assert instance.get_materialized_partitions(key) == set(days)
+    records = materializations(instance, key)
+    assert sorted(r.asset_materialization.partition for r in records) == days  # one per day, none unpartitioned
+    newest = {r.asset_materialization.partition: r.storage_id for r in records}
+
+    land("b.jsonl", [(f"2026-11-0{d} 05:00:00", 10) for d in (2, 3, 4, 5)])
+    r = StageRunner(platform, "clicks", "ingest")
+    assert r.load(r.extract()).published
+    assert cli(["backfill", "clicks", "--from", "2026-11-02", "--to", "2026-11-04"]) == 0
+    after = {}
+    for rec in materializations(instance, key):
+        p = rec.asset_materialization.partition
+        after[p] = max(after.get(p, 0), rec.storage_id)
+    assert sorted(p for p in days if after[p] > newest[p]) == ["2026-11-02", "2026-11-03", "2026-11-04"]
