@@ -1,11 +1,10 @@
 """The periods (days, hours, months) of a time-partitioned target that one run's publish wrote.
 
 A time-partitioned target (metadata `time_partition`) is identity-partitioned by its period column,
-so every data or delete file a commit adds or removes belongs to exactly one period. The run's
-commits are the snapshots on main from the published one back, as long as they carry the run's id
-(`lakehouse.run_id`, set on every audit-branch commit); the manifest entries those snapshots added
-or deleted name the periods they touched. Read from Iceberg's metadata through PyIceberg: no data
-file is opened and no JVM is needed, whichever engine wrote the table.
+so every data or delete file a commit adds or removes belongs to exactly one period: the manifest
+entries a run's commits added or deleted name the periods they touched. Read from Iceberg's
+metadata through PyIceberg: no data file is opened and no JVM is needed, whichever engine wrote
+the table.
 
 The Dagster layer records one materialization per period returned here (the Partitions tab shows
 what exists), and `lakehouse backfill` records the ones it rewrote.
@@ -19,23 +18,8 @@ from typing import Any
 
 from lakehouse.metadata import periods
 
-#: the snapshot summary property naming the run that made a commit (lakehouse.engines.audited)
-RUN_ID_PROPERTY = "lakehouse.run_id"
 #: manifest entry status: 0 existing, 1 added, 2 deleted
 _ADDED, _DELETED = 1, 2
-
-
-def run_snapshots(table: Any, head: int | None, run_id: str) -> list[int]:
-    """The snapshot ids of `run_id`'s commits from `head` back along main (newest first)."""
-    out: list[int] = []
-    snap = table.metadata.snapshot_by_id(head) if head is not None else None
-    while snap is not None:
-        props = snap.summary.additional_properties if snap.summary is not None else {}
-        if props.get(RUN_ID_PROPERTY) != run_id:
-            break
-        out.append(snap.snapshot_id)
-        snap = table.metadata.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id else None
-    return out
 
 
 def _period(granularity: str, value: Any) -> str | None:
@@ -57,18 +41,21 @@ def _touched(table: Any, snapshot_id: int, column: str) -> Iterator[Any]:
             yield (e["data_file"].get("partition") or {}).get(column)
 
 
-def written_periods(catalog: Any, target: Any, run_id: str, head: int | None) -> list[str]:
-    """The Dagster partition keys of the periods `run_id`'s commits on `target` (published up to
-    snapshot `head`) added or removed files of, sorted; [] for a target without time partitions, or
-    when the run published nothing. Periods before the first partition are left out (Dagster's
+def written_periods(catalog: Any, target: Any, snapshot_ids: list[int | None]) -> list[str]:
+    """The Dagster partition keys of the periods the commits `snapshot_ids` (a run's writes, on main
+    once published: a fast-forward keeps their ids) added or removed files of, sorted; [] for a
+    target without time partitions. Periods before the first partition are left out (Dagster's
     partitions definition has no key for them)."""
     tp = target.time_partition
-    if tp is None or head is None or not catalog.table_exists(target.identifier):
+    snaps = [s for s in snapshot_ids if s is not None]
+    if tp is None or not snaps or not catalog.table_exists(target.identifier):
         return []
     table = catalog.load_table(target.identifier)
     first = periods.key(tp.granularity, periods.first(tp.granularity, tp.start_date))
     keys: set[str] = set()
-    for snap in run_snapshots(table, head, run_id):
+    for snap in snaps:
+        if table.metadata.snapshot_by_id(snap) is None:  # expired meanwhile
+            continue
         for value in _touched(table, snap, tp.column):
             k = _period(tp.granularity, value)
             if k is not None and k >= first:

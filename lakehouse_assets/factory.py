@@ -312,7 +312,8 @@ class _Load:
     def record_periods(self, context, runner: StageRunner, outcome) -> bool:
         """One materialization per period (partition) of the time-partitioned target the publish wrote,
         so the Partitions tab shows what exists; False when it wrote none."""
-        keys = written_periods(runner.platform.pyiceberg_catalog(), runner.target, context.run_id, outcome.snapshot_id)
+        keys = written_periods(runner.platform.pyiceberg_catalog(), runner.target,
+                               [w.snapshot_id for w in outcome.writes])
         md = outcome.metadata()
         for k in keys:
             context.log_event(dg.AssetMaterialization(asset_key=self.step.key, partition=k, metadata=md))
