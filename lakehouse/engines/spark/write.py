@@ -306,7 +306,7 @@ class SparkAuditedWrite(BranchWrite):
         df = self.tables.spark.read.format("iceberg").option("snapshot-id", str(snapshot_id)) \
             .load(f"{self.tables.catalog}.{self.ident}")
         row = df.agg(F.count(F.lit(1)).alias("n"),
-                     F.sum(F.xxhash64(*[F.col(c) for c in df.columns]).cast("decimal(38,0)")).alias("h")).first()
+                     F.sum(F.xxhash64(*[F.col("`" + c.replace("`", "``") + "`") for c in df.columns]).cast("decimal(38,0)")).alias("h")).first()
         return (tuple(df.columns), row["n"], row["h"])
 
     def context(self) -> dict[str, Any]:
