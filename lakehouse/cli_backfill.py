@@ -7,12 +7,17 @@ its partition run tags (Dagster partition keys of its granularity), recomputes t
 their upstream rows and replaces exactly those partitions
 (lakehouse.incremental.IncrementalRead.window_batches). Stages of other targets are left alone: they
 have no periods to rewrite.
+
+The periods rewritten are recorded on the Dagster instance (`$DAGSTER_HOME`, the one `lakehouse run`,
+the UI and the daemon share) as one materialization per partition, as a Dagster backfill's run
+records them: the asset's Partitions tab shows them as just materialized.
 """
 
 from __future__ import annotations
 
 from lakehouse.cli import EXTRA_COMMANDS, _print_table
 from lakehouse.metadata import periods
+from lakehouse.periods_written import window_keys
 from lakehouse.runner import Platform
 
 COLUMNS = ["stage", "table", "partitions", "rows_written", "snapshot_id", "published", "skipped"]
@@ -56,12 +61,31 @@ def cmd_backfill(args) -> int:
         runner = StageRunner(platform, stage.pipeline_id, stage.stage_name)
         runner.run_tags = {RANGE_START_TAG: first_key, RANGE_END_TAG: last_key, "lakehouse/backfill": "cli"}
         outcome = runner.load(runner.extract())
+        if outcome.published and not outcome.skipped_reason:
+            record_partitions(stage, outcome, window_keys(outcome.target.time_partition.granularity,
+                                                          first_key, last_key))
         rows.append({"stage": stage.stage_name, "table": outcome.target.identifier,
                      "partitions": f"{first_key}..{last_key}", "rows_written": outcome.rows_written,
                      "snapshot_id": outcome.snapshot_id, "published": outcome.published,
                      "skipped": outcome.skipped_reason or ""})
     _print_table(rows, COLUMNS)
     return 0 if all(r["published"] for r in rows) else 1
+
+
+def record_partitions(stage, outcome, keys: list[str]) -> None:
+    """One runless materialization per rewritten partition on the persistent Dagster instance (none
+    when there is no instance: nothing shows partitions then)."""
+    import dagster as dg
+
+    from lakehouse.throughput.instance import instance_from_env
+
+    instance = instance_from_env()
+    if instance is None:
+        return
+    key = dg.AssetKey([stage.layer, outcome.target.table])
+    md = {**outcome.metadata(), "backfill": "lakehouse backfill"}
+    for k in keys:
+        instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=key, partition=k, metadata=md))
 
 
 def register(sub) -> None:

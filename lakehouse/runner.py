@@ -60,6 +60,11 @@ class StagedLoad:
     audited: Audited | None = None
     engine: Any = field(default_factory=SparkEngine)
 
+    @property
+    def changes_nothing(self) -> bool:
+        """Nothing to publish: skipped, nothing new, or a result identical to main (`outcome` says which)."""
+        return self.audited is None or self.audited.session is None
+
 
 class StageRunner(StageContext):
     """One stage of one pipeline in one run: the context its features see, plus the orchestration."""

@@ -35,9 +35,19 @@ from lakehouse.branches import drop_branch_and_commits, keep_failed_audit, tidy_
 from lakehouse.control import faults
 from lakehouse.control.flags import dataset_gate, enable_command
 from lakehouse.control.healing import run_with_healing
-from lakehouse.core import AuditFailed, Batch, DatasetDisabled, ExtractPlan, StageContext, StageDisabled, StageOutcome
+from lakehouse.core import (
+    PYTHON,
+    SQL,
+    AuditFailed,
+    Batch,
+    DatasetDisabled,
+    ExtractPlan,
+    StageContext,
+    StageDisabled,
+    StageOutcome,
+)
 from lakehouse.engines.spark import SparkEngine
-from lakehouse.iceberg import CatalogTables, branch_name_for_run
+from lakehouse.iceberg import MAIN, CatalogTables, branch_name_for_run
 from lakehouse.publish import Superseded, remainder_plan
 from lakehouse.throughput.ratelimit import StageThrottle
 from lakehouse.validation import history
@@ -236,7 +246,25 @@ class WriteAuditPublish:
         failures = [c for c in outcome.checks if c.blocking_failure]
         if failures:
             raise self._audit_failed(session, outcome, failures, t0)
+        if self._recomputes(ctx) and session.identical_to_main():  # a full recompute that changed nothing
+            main = (tables.refs_if_exists(ctx.target.identifier) or {}).get(MAIN)
+            self.drop_own_branches()
+            outcome.skipped_reason = (f"identical to main (snapshot {main}): the recomputed {outcome.rows_written} "
+                                      "row(s) have main's content fingerprint; nothing published")
+            outcome.published, outcome.snapshot_id = True, main
+            outcome.duration_s = time.monotonic() - t0
+            ctx.audit("identical_to_main", outcome="skipped", message=outcome.skipped_reason)
+            ctx.log.info("%s: %s", ctx.target.identifier, outcome.skipped_reason)
+            return Audited(None, outcome, t0)
         return Audited(session, outcome, t0)
+
+    def _recomputes(self, ctx: StageContext) -> bool:
+        """A full recompute from lake tables (an overwrite SQL or Python stage, not incremental): its
+        result may equal main, and publishing nothing then loses no bookkeeping (no file checkpoints,
+        no consumed-snapshot marks ride on its commit)."""
+        return (ctx.described_by_metadata and self.quarantine and self.prepare_branch is None
+                and ctx.target.write_mode == "overwrite"
+                and getattr(ctx.stage, "incremental", None) is None and ctx.source_kind in (SQL, PYTHON))
 
     def publish(self, audited: Audited) -> StageOutcome:
         """Kill switch → exactly-once publish of an audited write (Superseded: part of its input is

@@ -41,12 +41,16 @@ from lakehouse.metadata.derive import StageDerivation
 from lakehouse.metadata.derived import Structure
 from lakehouse.metadata.engine_support import arrow_blockers, duckdb_sql_stage
 from lakehouse.metadata.model import MetadataCatalog, Stage
+from lakehouse.periods_written import written_periods
 from lakehouse.run_summary import NOT_EVALUATED
 from lakehouse.runner import StageRunner
 from lakehouse.throughput.profiles import op_priority
 from lakehouse.validation import CheckOutcome
 from lakehouse_assets.preflight import preflight
-from resources.io_manager import LAZY, StageWrite, audit_failure, step_errors
+from resources.io_manager import LAZY, StageWrite, audit_failure, publish_write, step_errors
+
+#: observation metadata of a step that changed no data: the snapshot the table is still at
+NOTHING_NEW_SINCE = "nothing_new_since_snapshot"
 
 KINDS_BY_SOURCE = {"files": "file", "s3": "s3", "jdbc": "postgres", "iceberg": "iceberg"}
 
@@ -71,6 +75,7 @@ class Graph:
         self.pipelines = {p.pipeline_id: p for p in catalog.pipelines}
         self.producer = {s.target_id: s for s in catalog.stages}
         self.by_ident = {t.identifier.lower(): t for t in catalog.targets if t.kind == "iceberg"}
+        self._downstream: dict[dg.AssetKey, frozenset[dg.AssetKey]] | None = None
 
     def key(self, stage: Stage) -> dg.AssetKey:
         return dg.AssetKey([stage.layer, self.targets[stage.target_id].table])
@@ -102,6 +107,22 @@ class Graph:
                 keys.setdefault(source_asset_key(stage.source_id), None)
         return keys
 
+    def downstream(self, stage: Stage) -> frozenset[dg.AssetKey]:
+        """The stage assets reading this stage's table (of the stages this build knows the structure of)."""
+        if self._downstream is None:
+            readers: dict[dg.AssetKey, set[dg.AssetKey]] = {}
+            for s in self.catalog.stages:
+                if s.target_id not in self.targets:
+                    continue
+                try:
+                    ups = self.upstream(s)
+                except KeyError:  # a stage of a pipeline outside this build: no derived rows read
+                    continue
+                for up in ups:
+                    readers.setdefault(up, set()).add(self.key(s))
+            self._downstream = {k: frozenset(v) for k, v in readers.items()}
+        return self._downstream.get(self.key(stage), frozenset())
+
     def column_lineage(self, stage: Stage) -> dict:
         """`dagster/column_lineage` (the UI's column view) from the stored lineage of the stage's SQL."""
         deps_by_column: dict[str, list[dg.TableColumnDep]] = {}
@@ -129,6 +150,15 @@ def stage_kinds(g: Graph, stage: Stage) -> list[str]:
     kinds = (["duckdb"] if duckdb_sql_stage(stage) else []) + (["arrow"] if arrow else []) \
         + (["spark"] if not arrow or asked == "auto" else [])
     return (kinds + ["iceberg"])[:3]
+
+
+def nothing_new(key: dg.AssetKey, outcome) -> dg.AssetObservation:
+    """A step that changed no data records this instead of a materialization: the table is as it
+    was at its snapshot, and why nothing was written (nothing new, a kill switch, ...)."""
+    snap = str(outcome.snapshot_id) if outcome.snapshot_id is not None else "none"
+    why = outcome.skipped_reason or "nothing written"
+    return dg.AssetObservation(asset_key=key, description=f"nothing new since snapshot {snap}: {why}",
+                               metadata={**outcome.metadata(), NOTHING_NEW_SINCE: snap})
 
 
 def check_result(key: dg.AssetKey, outcome: CheckOutcome) -> dg.AssetCheckResult:
@@ -166,6 +196,14 @@ class _Step:
     stage_name: str
     spec_names: frozenset[str]
     input_tables: tuple[tuple[str, str], ...] = ()  # (load op input, lake table) of upstream stages' tables
+    downstream: frozenset[dg.AssetKey] = frozenset()  # the stage assets reading this one's table
+    partitioned: bool = False  # a time-partitioned target (one materialization per period written)
+
+    def feeds_this_run(self, context: dg.OpExecutionContext) -> bool:
+        """Whether a stage reading this one's table runs later in this run: Dagster starts it only
+        after this step yields its output (a step whose upstream output is missing is skipped)."""
+        selection = context.run.asset_selection
+        return bool(self.downstream) if selection is None else any(k in selection for k in self.downstream)
 
     def runner(self, context: dg.OpExecutionContext) -> StageRunner:
         platform = context.resources.lakehouse.platform()
@@ -218,7 +256,13 @@ class _Load:
     generator waits at its `yield Output` (Dagster stores an output before it resumes the op), and
     the check results follow the materialization, from the final outcome (a remainder written
     again is audited again). The upstream tables arrive as loaders (the IO manager's, at the run's
-    pinned snapshots), called only if the stage's SQL or Python runs."""
+    pinned snapshots), called only if the stage's SQL or Python runs.
+
+    A materialization means the table changed (issue 39): a step that changed nothing (skipped,
+    nothing new, a recompute identical to main) yields no output and logs an observation saying
+    why, unless a stage of this run reads its table (Dagster skips a step whose upstream output is
+    missing, and a reader of several tables must run when another one changed). A time-partitioned
+    target in an unpartitioned run records one materialization per period its publish wrote."""
 
     __signature__ = _COMPUTE_SIGNATURE
 
@@ -244,13 +288,40 @@ class _Load:
         if not_evaluated:  # why, on the materialization (the UI), for the summary and the dashboard
             staged.outcome.extra[NOT_EVALUATED] = not_evaluated
         write = StageWrite(runner, staged, retry=retry)
-        yield dg.Output(write, "result")  # the IO manager publishes it here
-        outcome = write.outcome
+        # Dagster records a materialization per partition of a partitioned run's output itself; an
+        # unpartitioned run of a time-partitioned asset records one per period the publish wrote (below)
+        by_dagster = context.has_partition_key or context.has_partition_key_range
+        if (staged.changes_nothing or (step.partitioned and not by_dagster)) and not step.feeds_this_run(context):
+            # nothing new (or periods to record one by one) and no stage of this run waits for the
+            # output: no output, so no materialization of Dagster's own; published here instead
+            outcome = publish_write(write)
+            recorded = False
+        else:
+            yield dg.Output(write, "result")  # the IO manager publishes it here: the materialization
+            outcome = write.outcome
+            recorded = True
+        if step.partitioned and not by_dagster and outcome.published and not outcome.skipped_reason:
+            recorded = self.record_periods(context, runner, outcome) or recorded
+        if not recorded:  # what the UI shows instead of a materialization: nothing changed, and why
+            context.log_event(nothing_new(key, outcome))
         # a check not evaluated gets no result: Dagster shows it as skipped (never a pass it did not earn)
         yield from self.results(outcome.checks)
         for name in sorted(step.spec_names - {o.rule.name for o in outcome.checks}):
             context.log.info(f"check {key.to_user_string()}:{name} not evaluated: "
                              f"{outcome.skipped_reason or not_evaluated.get(name) or 'rule disabled'}")
+
+    def record_periods(self, context, runner: StageRunner, outcome) -> bool:
+        """One materialization per period (partition) of the time-partitioned target the publish wrote,
+        so the Partitions tab shows what exists; False when it wrote none."""
+        keys = written_periods(runner.platform.pyiceberg_catalog(), runner.target,
+                               [w.snapshot_id for w in outcome.writes])
+        md = outcome.metadata()
+        for k in keys:
+            context.log_event(dg.AssetMaterialization(asset_key=self.step.key, partition=k, metadata=md))
+        if keys:
+            context.log.info(f"{self.step.key.to_user_string()}: materialized {len(keys)} partition(s) "
+                             f"{keys[0]}..{keys[-1]}")
+        return bool(keys)
 
     def results(self, outcomes: list[CheckOutcome]) -> Iterator[dg.AssetCheckResult]:
         """The asset check results of the stage's checks among `outcomes`."""
@@ -275,7 +346,9 @@ class _ExtractAndLoad(_Load):
 # resolving a type is the costliest call of a build at 1,000 pipelines (issue 22).
 # Their type is given (`Any`, what an unannotated op's outputs get anyway): an `Out` without one has it
 # inferred again for every output definition made from it, 11,000 times at 1,000 pipelines.
-_RESULT_OUT = dg.Out(dagster_type=Any, io_manager_key="iceberg_io_manager")
+# The stage's output is optional: a step that changed no data and that no stage of its run waits for
+# yields none, so Dagster records no materialization for it (`_Load`).
+_RESULT_OUT = dg.Out(dagster_type=Any, io_manager_key="iceberg_io_manager", is_required=False)
 _CHECK_OUT = dg.Out(dagster_type=Any, is_required=False)
 _PLAN_OUT = dg.Out(dagster_type=Any)
 _INPUTS = {"nothing": dg.In(dg.Nothing), "lazy": dg.In(metadata={LAZY: True}), "plan": dg.In()}
@@ -320,7 +393,7 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
     # external sources included, orders the extract (Nothing: it pins, it reads nothing through Dagster)
     tables_in = tuple((n, ident) for n, ident in zip(input_names, upstream.values(), strict=True) if ident)
     step = _Step(key, stage.pipeline_id, stage.stage_name, frozenset(s.name for s in specs),
-                 tables_in)
+                 tables_in, g.downstream(stage), target.time_partition is not None)
     op_tags = {"lakehouse/pipeline": stage.pipeline_id, "lakehouse/stage": stage.stage_name,
                # added to the run's (profile-driven) priority when a step claims a pool slot
                "dagster/priority": str(op_priority(pipeline.criticality))}
@@ -409,8 +482,8 @@ def build_stage_asset(g: Graph, stage: Stage) -> dg.AssetsDefinition:
         keys_by_input_name=dict(zip(input_names, deps, strict=True)),
         keys_by_output_name={"result": key},
         check_specs_by_output_name=dict(zip(check_outs, specs, strict=True)),
-        specs=[spec],
-        **partitions,
+        specs=[spec],  # the partitions definition rides on the spec (the constructor refuses it twice)
+        backfill_policy=partitions.get("backfill_policy"),
     )
 
 

@@ -60,8 +60,9 @@ def summarize(events: Iterable[dg.DagsterEvent], run_id: str, job: str,
     not_evaluated: dict[str, dict[str, str]] = {}  # asset -> {check: why not}, from its materialization
     for ev in events:
         kind = ev.event_type_value
-        if kind == "ASSET_MATERIALIZATION":
-            mat = ev.event_specific_data.materialization
+        if kind in ("ASSET_MATERIALIZATION", "ASSET_OBSERVATION"):  # an observation: a step that changed nothing
+            mat = ev.event_specific_data.materialization if kind == "ASSET_MATERIALIZATION" \
+                else ev.event_specific_data.asset_observation
             r = reports.get(mat.asset_key.to_user_string())
             if r is None:
                 continue

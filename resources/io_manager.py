@@ -87,6 +87,20 @@ def audit_failure(runner: StageRunner, exc: AuditFailed) -> dg.Failure:
         "next_step": f"lakehouse branches show {ident} {exc.branch}"})
 
 
+def publish_write(write: StageWrite) -> StageOutcome:
+    """Publish a stage's audited write (`StageRunner.publish`) and keep its outcome on it. The IO
+    manager does this for an output; the load op itself for a step that records no materialization
+    (nothing new). A remainder written again (another run published part of the input meanwhile)
+    that fails its audit fails the step here, before any materialization."""
+    try:
+        with step_errors(write.retry):
+            outcome = write.runner.publish(write.staged)
+    except AuditFailed as exc:
+        raise audit_failure(write.runner, exc) from exc
+    write.outcome = outcome
+    return outcome
+
+
 def stage_for_key(catalog: MetadataCatalog, key: dg.AssetKey) -> tuple[Stage, Target]:
     """The stage whose asset this is, and its target: a stage's key is [layer, table] and its
     table's namespace need not be the layer, so the metadata says which table it is."""
@@ -122,15 +136,8 @@ class IcebergIOManager(dg.ConfigurableIOManager):
         self._write_frame(context, obj)
 
     def _write_stage(self, context: dg.OutputContext, write: StageWrite) -> None:
-        """Publish the audited write; a remainder written again (another run published part of the
-        input meanwhile) that fails its audit fails the step here, before any materialization."""
-        try:
-            with step_errors(write.retry):
-                outcome = write.runner.publish(write.staged)
-        except AuditFailed as exc:
-            raise audit_failure(write.runner, exc) from exc
-        write.outcome = outcome
-        context.add_output_metadata(outcome.metadata())
+        """Publish the audited write (`publish_write`); its outcome is the materialization's metadata."""
+        context.add_output_metadata(publish_write(write).metadata())
 
     def _write_frame(self, context: dg.OutputContext, df) -> None:
         """A DataFrame for a stage's table: one batch through the same write-audit-publish, as

@@ -163,7 +163,9 @@ def test_killed_sql_stage_skips_before_loading_its_inputs(demo, monkeypatch):
     # silver.user_events is a real input of the load op, loaded by the IO manager (as a loader)
     assert [e.event_specific_data.input_name for e in loaded
             if e.event_specific_data.manager_key == "iceberg_io_manager"] == ["up_0"]
-    md = result.get_asset_materialization_events()[0].materialization.metadata
+    # it changed nothing: no materialization, an observation saying why (issue 39, item 3)
+    assert not result.get_asset_materialization_events()
+    md = result.get_asset_observation_events()[0].asset_observation_data.asset_observation.metadata
     assert "target 'gold_daily_user_events' is disabled" in md["skipped_reason"].value
     stops = [e for e in demo.store.audit_entries(event="kill_switch") if e.run_id == result.run_id]
     assert [e.outcome for e in stops] == ["skipped", "skipped"]  # before extract, and again before load

@@ -319,7 +319,10 @@ def test_incremental_three_rounds_merge_updates_and_commit_watermark(platform, s
     before = tables.snapshot_id("bronze.events")
     r4 = run_job(platform, "db_etl", instance)
     assert r4.success and tables.snapshot_id("bronze.events") == before
-    assert "no new rows" in r4.get_asset_materialization_events()[0].materialization.metadata["skipped_reason"].value
+    # nothing changed: no materialization, an observation saying why (issue 39, item 3)
+    assert not r4.get_asset_materialization_events()
+    obs = r4.get_asset_observation_events()[0].asset_observation_data.asset_observation
+    assert "no new rows" in obs.metadata["skipped_reason"].value
 
 
 def test_crash_between_read_and_commit_loses_and_doubles_nothing(platform, src_db, tmp_path, monkeypatch):

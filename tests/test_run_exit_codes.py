@@ -135,9 +135,13 @@ def test_a_disabled_middle_stage_skips_itself_and_its_downstream_while_upstream_
                  and e.event_specific_data.asset_key == dg.AssetKey(["gold", "ex"])]
     assert planned == ["has_rows"] and evaluated == []
     assert "STEP_FAILURE" not in {e.event_type_value for e in events}
-    mats = [e.event_specific_data.materialization for e in events if e.event_type_value == "ASSET_MATERIALIZATION"
-            and e.event_specific_data.materialization.asset_key == dg.AssetKey(["gold", "ex"])]
-    assert "upstream stage ex.clean is disabled" in mats[0].metadata["checks_not_evaluated"].value["has_rows"]
+    # gold changed nothing: no materialization (issue 39, item 3), an observation saying why instead
+    assert not [e for e in events if e.event_type_value == "ASSET_MATERIALIZATION"
+                and e.event_specific_data.materialization.asset_key == dg.AssetKey(["gold", "ex"])]
+    obs = [e.event_specific_data.asset_observation for e in events if e.event_type_value == "ASSET_OBSERVATION"
+           and e.event_specific_data.asset_observation.asset_key == dg.AssetKey(["gold", "ex"])]
+    assert "upstream stage ex.clean is disabled" in obs[0].metadata["checks_not_evaluated"].value["has_rows"]
+    assert obs[0].description.startswith("nothing new since snapshot ")
 
     # the dashboard: the same status, with the reason; the pass rate counts evaluations only
     from lakehouse.dashboard import compute_overview, render_markdown, summary
@@ -174,9 +178,15 @@ def test_a_disabled_pipeline_launched_anyway_skips_every_step_without_failing(la
     result = job.execute_in_process(instance=dg.DagsterInstance.ephemeral(), raise_on_error=False,
                                     asset_selection=sorted(job.asset_layer.selected_asset_keys))
     assert result.success
+    # a step that changed nothing and that no later step of the run waits for (gold) records an
+    # observation, not a materialization; bronze and silver yield theirs so that Dagster runs their readers
     mats = {e.event_specific_data.materialization.asset_key.to_user_string():
             e.event_specific_data.materialization.metadata for e in result.all_events
             if e.event_type_value == "ASSET_MATERIALIZATION"}
+    assert set(mats) == {"bronze/ex", "silver/ex"}
+    mats.update({e.event_specific_data.asset_observation.asset_key.to_user_string():
+                 e.event_specific_data.asset_observation.metadata for e in result.all_events
+                 if e.event_type_value == "ASSET_OBSERVATION"})
     assert set(mats) == {"bronze/ex", "silver/ex", "gold/ex"}
     for md in mats.values():
         reason = md["skipped_reason"].value

@@ -159,6 +159,22 @@ class BranchWrite:
         inc = getattr(getattr(self.runner, "stage", None), "incremental", None)
         return bloom_filter_properties(inc.merge_keys) if inc is not None and inc.mode == "merge" else {}
 
+    # ------------------------------------------------------------------ identical to main
+    def content_fingerprint(self, snapshot_id: int) -> tuple | None:
+        """(rows, an order-independent hash of every row) of the target at `snapshot_id`; None when
+        this engine does not compute one (then a write is never taken as identical to main)."""
+        return None
+
+    def identical_to_main(self) -> bool:
+        """Whether the branch holds exactly main's rows (a full recompute that changed nothing): same
+        row count and content fingerprint, and nothing quarantined."""
+        refs = self.tables.refs_if_exists(self.ident) or {}
+        main, head = refs.get(MAIN), refs.get(self.branch)
+        if main is None or head is None or self.quarantined_rows or head == main:
+            return False
+        mine = self.content_fingerprint(head)
+        return mine is not None and mine == self.content_fingerprint(main)
+
     # ------------------------------------------------------------------ publish
     def branch_tables(self) -> list[str]:
         """The tables this run has an audit branch on."""

@@ -113,6 +113,19 @@ class ArrowAuditedWrite(BranchWrite):
             tasks = [t for t in tasks if t.file.file_path in mine]
         return ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue()).to_table(tasks)
 
+    def content_fingerprint(self, snapshot_id: int) -> tuple | None:
+        """DuckDB over the snapshot's rows (read by PyIceberg): count(*) and the sum of each row's hash."""
+        import duckdb
+
+        rows = self.tables.meta.load_table(self.ident).scan(snapshot_id=snapshot_id).to_arrow()
+        con = duckdb.connect()
+        try:
+            con.register("t", rows)
+            n, h = con.execute("SELECT count(*), sum(hash(t)) FROM t").fetchone()
+        finally:
+            con.close()
+        return (tuple(rows.schema.names), n, h)
+
     def audit(self) -> list[CheckOutcome]:
         head = self.tables.snapshot_id(self.ident, self.branch)
         context: dict[str, Any] = {"previous_row_count": self.previous_rows,
