@@ -80,11 +80,12 @@ class LakehouseResource(dg.ConfigurableResource):
 
         if started_or_starting():
             return
-        from lakehouse_assets.factory import stage_asset_key  # the one place a stage's key is made
+        from lakehouse.metadata.assets import stage_paths  # [layer, table]: what a stage's asset key is
 
         platform = self.platform()
         catalog = platform.store.load(["stages", "targets", "sources", "validation_rules", "platform_settings"])
-        selected = [s for s in catalog.stages if stage_asset_key(catalog, s) in run.asset_selection]
+        wanted = {stage_paths(catalog).get(tuple(key.path)) for key in run.asset_selection}
+        selected = [s for s in catalog.stages if (s.pipeline_id, s.stage_name) in wanted]
         if stages_may_need_spark(catalog, selected):
             platform.warm_spark()
 
