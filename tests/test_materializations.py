@@ -132,10 +132,13 @@ def test_a_recompute_identical_to_main_publishes_nothing_and_a_reader_of_two_tab
 
 
 @pytest.mark.slow
-def test_the_partitions_a_run_wrote_are_materialized_then_the_backfilled_ones_again(platform, tmp_path):
+def test_the_partitions_a_run_wrote_are_materialized_then_the_backfilled_ones_again(platform, tmp_path, monkeypatch):
     """A time-partitioned gold (daily, Spark): `lakehouse run` records one materialization per day it
     wrote (the Partitions tab shows every day as there), no unpartitioned one; `lakehouse backfill` of
     three days records a newer materialization for exactly those three."""
+    # its own Dagster instance: tests/test_incremental.py materializes the same asset key in this worker
+    (tmp_path / "dagster_home").mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     from lakehouse.runner import StageRunner
     from tests.test_incremental import CLICKS
 
