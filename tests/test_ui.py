@@ -241,8 +241,13 @@ stages:
     stage_name: rollup
     layer: gold
     target_id: gold_events_by_day
+    validation_set_id: events_by_day_rules
     transformation: >-
       SELECT CAST(event_ts AS DATE) AS day, count(*) AS events FROM silver.user_events GROUP BY CAST(event_ts AS DATE)
+validation_rules:
+  - rule_set_id: events_by_day_rules
+    rules:
+      - {name: events_positive, type: expression, expression: "events > 0", severity: error}
 """
 
 
@@ -309,3 +314,69 @@ def test_time_partitioned_asset_shows_its_partitions_and_a_range_is_backfilled(p
     open_page(page, dagster_dev, "/assets/gold/events_by_day?view=partitions")
     expect(page.get_by_text("Materialized (3)", exact=True)).to_be_visible()
     expect(page.get_by_text(f"Missing ({len(days) - 3})", exact=True)).to_be_visible()
+
+
+EVENTS = ["gold", "events_by_day"]
+
+
+def materialization_count(server, path: list[str]) -> int:
+    data = server.graphql("query($k: AssetKeyInput!) { assetOrError(assetKey: $k) { ... on Asset { "
+                          "assetMaterializations(limit: 1000) { runId } } } }", {"k": {"path": path}})
+    return len(data["assetOrError"]["assetMaterializations"])
+
+
+def latest_check_status(server, path: list[str], check: str) -> tuple[str, str]:
+    data = server.graphql("query($k: AssetKeyInput!, $c: String!) { assetCheckExecutions(assetKey: $k, checkName: $c, "
+                          "limit: 1) { runId status } }", {"k": {"path": path}, "c": check})
+    latest = data["assetCheckExecutions"][0]
+    return latest["runId"], latest["status"]
+
+
+def test_partitions_a_cli_run_wrote_a_no_op_run_and_a_skipped_check_as_the_ui_shows_them(page, dagster_dev):
+    """Issue 39's operator views, after the backfill above: a `lakehouse run` (not a UI launch) of the daily
+    gold shows every day it loaded as materialized on the Partitions tab (the days counted independently from
+    silver); a second run with nothing new adds no materialization to the asset's history, only an observation
+    saying why; with the stage disabled, the run skips it and its check is shown as skipped, never as passed."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from tests.fixtures.dagster_dev import lakehouse_cli
+
+    home = dagster_dev.home
+    cat = SqlCatalog("lake", uri=f"sqlite:///{home / 'catalog.db'}", warehouse=f"file://{home / 'warehouse'}")
+    import dagster as dg
+
+    days = set(dg.DailyPartitionsDefinition(start_date="2026-11-01").get_partition_keys())
+    silver = cat.load_table("silver.user_events").scan(selected_fields=("event_ts",)).to_arrow().to_pylist()
+    loaded = {str(r["event_ts"])[:10] for r in silver} & days
+    assert len(loaded) > 3, loaded  # more days than the backfill wrote: the run's own days show
+
+    out = lakehouse_cli(dagster_dev.env, "run", "events_by_day").stdout
+    assert "events_positive ok" in out, out
+    open_page(page, dagster_dev, "/assets/gold/events_by_day?view=partitions")
+    expect(page.get_by_text(f"Materialized ({len(loaded)})", exact=True)).to_be_visible()
+    expect(page.get_by_text(f"Missing ({len(days) - len(loaded)})", exact=True)).to_be_visible()
+    history = materialization_count(dagster_dev, EVENTS)
+
+    # nothing new: the asset's history gains no materialization; the run says why, as an observation
+    out = lakehouse_cli(dagster_dev.env, "run", "events_by_day").stdout
+    assert materialization_count(dagster_dev, EVENTS) == history, out
+    open_page(page, dagster_dev, "/assets/gold/events_by_day?view=events")
+    expect(page.get_by_text("nothing new since snapshot").first).to_be_visible()
+    open_page(page, dagster_dev, "/assets/gold/events_by_day?view=partitions")
+    expect(page.get_by_text(f"Materialized ({len(loaded)})", exact=True)).to_be_visible()
+
+    # a disabled stage: the run skips it, the check is planned and not evaluated; the UI says skipped
+    lakehouse_cli(dagster_dev.env, "stage", "disable", "events_by_day", "rollup")
+    try:
+        out = lakehouse_cli(dagster_dev.env, "run", "events_by_day").stdout
+    finally:
+        lakehouse_cli(dagster_dev.env, "stage", "enable", "events_by_day", "rollup")
+    assert "events_positive not evaluated" in out, out
+    run_id = out.split()[1]
+    assert latest_check_status(dagster_dev, EVENTS, "events_positive") == (run_id, "SKIPPED")
+    open_page(page, dagster_dev, "/assets/gold/events_by_day?view=checks")
+    item = page.locator("div").filter(has=page.get_by_text("events_positive", exact=True)).filter(
+        has_text="Skipped").last
+    expect(item).to_be_visible()
+    expect(page.locator("div").filter(has=page.get_by_text("events_positive", exact=True)).filter(
+        has_text="Succeeded")).to_have_count(0)
