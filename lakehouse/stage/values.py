@@ -101,6 +101,11 @@ class StagePlan:
     source_id: str | None = None
     main_at_plan: int | None = None
 
+    def __post_init__(self) -> None:  # read-only, whatever mapping or sequence the caller gave
+        object.__setattr__(self, "files", tuple(self.files))
+        for name in ("upstream_snapshots", "details"):
+            object.__setattr__(self, name, _frozen(getattr(self, name)))
+
     @classmethod
     def of(cls, plan: ExtractPlan) -> StagePlan:
         return cls(plan.pipeline_id, plan.stage_name, plan.kind, tuple(plan.files),
@@ -193,6 +198,13 @@ class StagedWrite:
     healing: Mapping[str, Any] = field(default_factory=lambda: _frozen({}))
     quarantined_files: tuple[str, ...] = ()
     started_at: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:  # read-only, whatever mapping or sequence the caller gave
+        object.__setattr__(self, "quarantined_files", tuple(self.quarantined_files))
+        if self.quarantine is not None:
+            object.__setattr__(self, "quarantine", tuple(self.quarantine))
+        for name in ("outcome", "healing"):
+            object.__setattr__(self, name, _frozen(getattr(self, name)))
 
     @property
     def run_id(self) -> str:
