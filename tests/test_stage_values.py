@@ -238,3 +238,16 @@ def test_once_decides_an_error_once():
     assert isinstance(request, RuntimeError)
     assert once(err) is None and once(request) is None  # the wrapper and the op's catch-all share it
     assert calls == [err]
+
+
+def test_dates_and_decimals_in_a_plan_keep_their_type_through_json():
+    import datetime
+    import decimal
+
+    details = {"at": datetime.datetime(2026, 11, 29, 3, 0, tzinfo=datetime.UTC),
+               "day": datetime.date(2026, 11, 29), "amount": decimal.Decimal("12.50"), "n": [1, 2]}
+    planned = StagePlan("p", "s", "jdbc", details=details)
+    staged = StagedWrite(StageRequest("p", "s", "r"), planned, "b.t", "audit_r")
+    back = StagedWrite.from_json(staged.to_json())
+    assert back == staged and back.plan.extract_plan().details == details
+    assert type(back.plan.details["at"]) is datetime.datetime and type(back.plan.details["amount"]) is decimal.Decimal

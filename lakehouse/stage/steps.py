@@ -16,7 +16,7 @@ Each step runs its work once through `lakehouse.control.attempt.attempt` (deadli
 policy on the step's one budget). Inside a step the features (adapters, healing actions, the
 write-audit-publish service) still see a working `StageContext`: it is built from the request for
 that step (`context_for`) and dropped with it; what a later step needs travels in the value
-(`StagedWrite` carries the counts, checks, healing trail and branch coordinates), so `publish` works
+(`StagedWrite` carries the counts, checks, healing trail, the read's report and the branch coordinates), so `publish` works
 from a stored reference in a fresh process. `lakehouse.runner.StageRunner` is the facade the
 callers of old use: one context for all three steps of a run in one process.
 """
@@ -57,6 +57,7 @@ from lakehouse.stage.values import (
     healing_to_dict,
     outcome_from_dict,
     outcome_to_dict,
+    plain,
 )
 from lakehouse.wap_service import Audited, WriteAuditPublish, require_enabled
 
@@ -134,7 +135,6 @@ def reference(ctx: StageContext, load: StagedLoad, pins: Mapping[str, int | None
     args = session.publish_args() if session is not None else {}
     started = load.audited.started if load.audited is not None else None
     started_at = time.time() - (time.monotonic() - started) if started is not None else time.time()
-    files = {q["key"] for q in ctx.report.get("quarantined_files") or []}
     return StagedWrite(
         request=StageRequest.of(ctx, pins if pins is not None else load.plan.upstream_snapshots),
         plan=StagePlan.of(load.plan), table=ctx.target.identifier, branch=branch_name_for_run(ctx.run_id),
@@ -144,7 +144,7 @@ def reference(ctx: StageContext, load: StagedLoad, pins: Mapping[str, int | None
         can_rebase=bool(args.get("can_rebase")), quarantine=args.get("quarantine"),
         outcome=outcome_to_dict(load.outcome),
         healing={**healing_to_dict(ctx.healing), "batches_read": ctx.batches_read},
-        quarantined_files=tuple(sorted(files)), started_at=started_at)
+        report=plain(ctx.report), started_at=started_at)
 
 
 def restored(staged: StagedWrite, ctx: StageContext) -> StageContext:
@@ -152,8 +152,7 @@ def restored(staged: StagedWrite, ctx: StageContext) -> StageContext:
     healing changed, the files kept out of the table, and the source a reroute planned to read."""
     ctx.healing = healing_from_dict(staged.healing)
     ctx.batches_read = int(staged.healing.get("batches_read", 0) or 0)
-    if staged.quarantined_files:
-        ctx.report["quarantined_files"] = [{"key": k} for k in staged.quarantined_files]
+    ctx.report = plain(dict(staged.report))
     if staged.plan.source_id and ctx.stage.source_id and staged.plan.source_id != ctx.stage.source_id:
         ctx.source_override = staged.plan.source_id
     return ctx

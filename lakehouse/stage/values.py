@@ -9,6 +9,8 @@ is enough to publish it from another process (`lakehouse.stage.steps.publish`).
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import decimal
 import hashlib
 import json
 import time
@@ -30,9 +32,38 @@ def _frozen(d: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(d or {}))
 
 
-def _plain(value: Any) -> Any:
-    """`value` as JSON takes it: mappings and sequences copied, anything else JSON lacks as text."""
-    return json.loads(json.dumps(value, default=str))
+#: values JSON lacks that a plan, a report or a check's sample rows hold, kept by type through JSON
+_TAGGED = {"datetime": datetime.datetime, "date": datetime.date, "time": datetime.time, "decimal": decimal.Decimal}
+
+
+def _tag(value: Any) -> Any:
+    for tag, kind in _TAGGED.items():
+        if type(value) is kind:
+            return {"__lakehouse_type__": tag, "value": value.isoformat() if tag != "decimal" else str(value)}
+    return str(value)  # anything else JSON lacks: as text
+
+
+def _untag(d: dict) -> Any:
+    tag = d.get("__lakehouse_type__")
+    if tag is None or set(d) != {"__lakehouse_type__", "value"}:
+        return d
+    kind = _TAGGED[tag]
+    return kind(d["value"]) if tag == "decimal" else kind.fromisoformat(d["value"])
+
+
+def to_json_text(value: Any) -> str:
+    """`value` as JSON text; dates, times and decimals are tagged so `from_json_text` restores them."""
+    return json.dumps(value, default=_tag, sort_keys=True)
+
+
+def from_json_text(text: str) -> Any:
+    return json.loads(text, object_hook=_untag)
+
+
+def plain(value: Any) -> Any:
+    """A deep copy of `value` through JSON (mappings and sequences copied; dates, times and decimals
+    kept; anything else JSON lacks as text)."""
+    return from_json_text(to_json_text(value))
 
 
 @dataclass(frozen=True)
@@ -109,19 +140,19 @@ class StagePlan:
     @classmethod
     def of(cls, plan: ExtractPlan) -> StagePlan:
         return cls(plan.pipeline_id, plan.stage_name, plan.kind, tuple(plan.files),
-                   _frozen(plan.upstream_snapshots), plan.staged_path, _frozen(_plain(plan.details)),
+                   _frozen(plan.upstream_snapshots), plan.staged_path, _frozen(plain(plan.details)),
                    plan.skipped_reason, plan.source_id, plan.main_at_plan)
 
     def extract_plan(self) -> ExtractPlan:
         return ExtractPlan(self.pipeline_id, self.stage_name, self.kind, list(self.files),
-                           dict(self.upstream_snapshots), self.staged_path, _plain(dict(self.details)),
+                           dict(self.upstream_snapshots), self.staged_path, plain(dict(self.details)),
                            self.skipped_reason, self.source_id, self.main_at_plan)
 
     def to_dict(self) -> dict[str, Any]:
         return {"pipeline_id": self.pipeline_id, "stage_name": self.stage_name, "kind": self.kind,
                 "files": [dataclasses.asdict(f) for f in self.files],
                 "upstream_snapshots": dict(self.upstream_snapshots), "staged_path": self.staged_path,
-                "details": _plain(dict(self.details)), "skipped_reason": self.skipped_reason,
+                "details": plain(dict(self.details)), "skipped_reason": self.skipped_reason,
                 "source_id": self.source_id, "main_at_plan": self.main_at_plan}
 
     @classmethod
@@ -141,7 +172,7 @@ def outcome_to_dict(outcome: StageOutcome) -> dict[str, Any]:
     d["writes"] = [dataclasses.asdict(w) for w in outcome.writes]
     d["checks"] = [{**{f.name: getattr(c, f.name) for f in dataclasses.fields(c) if f.name != "rule"},
                     "rule": c.rule.model_dump(mode="json")} for c in outcome.checks]
-    return _plain(d)
+    return plain(d)
 
 
 def outcome_from_dict(d: Mapping[str, Any], target: Target) -> StageOutcome:
@@ -157,7 +188,7 @@ def outcome_from_dict(d: Mapping[str, Any], target: Target) -> StageOutcome:
 
 
 def healing_to_dict(state: HealingState) -> dict[str, Any]:
-    return _plain({"batch_scale": state.batch_scale, "quarantined_files": state.quarantined_files,
+    return plain({"batch_scale": state.batch_scale, "quarantined_files": state.quarantined_files,
                    "attempts": dict(state.attempts), "total_attempts": state.total_attempts,
                    "events": state.events})
 
@@ -180,8 +211,9 @@ class StagedWrite:
     (quarantine table, its main when this run forked its branch) when rows were quarantined;
     `engine`: the engine that wrote it (it writes a remainder too). `publishes` False: nothing to
     publish (skipped, nothing new, identical to main: `outcome` says why). `outcome`: the counts and
-    check outcomes so far (`outcome_to_dict`); `healing`/`quarantined_files`: what healing changed
-    in this step and the files kept out of the table, reported with the publish; `started_at`: the
+    check outcomes so far (`outcome_to_dict`); `healing`/`report`: what healing changed in this step
+    and what the read reported (files kept out of the table, schema changes, the SQL engine), both
+    reported with the publish; `started_at`: the
     wall-clock start of the step (its duration runs to the publish)."""
 
     request: StageRequest
@@ -196,14 +228,13 @@ class StagedWrite:
     quarantine: tuple[str, int | None] | None = None
     outcome: Mapping[str, Any] = field(default_factory=lambda: _frozen({}))
     healing: Mapping[str, Any] = field(default_factory=lambda: _frozen({}))
-    quarantined_files: tuple[str, ...] = ()
+    report: Mapping[str, Any] = field(default_factory=lambda: _frozen({}))
     started_at: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:  # read-only, whatever mapping or sequence the caller gave
-        object.__setattr__(self, "quarantined_files", tuple(self.quarantined_files))
         if self.quarantine is not None:
             object.__setattr__(self, "quarantine", tuple(self.quarantine))
-        for name in ("outcome", "healing"):
+        for name in ("outcome", "healing", "report"):
             object.__setattr__(self, name, _frozen(getattr(self, name)))
 
     @property
@@ -217,24 +248,24 @@ class StagedWrite:
         return {k: int(self.outcome.get(k, 0) or 0) for k in keys if k in self.outcome}
 
     def to_json(self) -> str:
-        return json.dumps({
+        return to_json_text({
             "format": FORMAT, "request": self.request.to_dict(), "plan": self.plan.to_dict(), "table": self.table,
             "branch": self.branch, "engine": self.engine, "publishes": self.publishes, "since": self.since,
             "staged_snapshot_id": self.staged_snapshot_id, "can_rebase": self.can_rebase,
-            "quarantine": list(self.quarantine) if self.quarantine else None, "outcome": _plain(dict(self.outcome)),
-            "healing": _plain(dict(self.healing)), "quarantined_files": list(self.quarantined_files),
-            "started_at": self.started_at}, sort_keys=True, default=str)
+            "quarantine": list(self.quarantine) if self.quarantine else None, "outcome": plain(dict(self.outcome)),
+            "healing": plain(dict(self.healing)), "report": plain(dict(self.report)),
+            "started_at": self.started_at})
 
     @classmethod
     def from_json(cls, text: str) -> StagedWrite:
-        d = json.loads(text)
+        d = from_json_text(text)
         if d.get("format") != FORMAT:
             raise ValueError(f"a staged-write reference of format {d.get('format')!r}; this code reads format {FORMAT}")
         q = d.get("quarantine")
         return cls(StageRequest.from_dict(d["request"]), StagePlan.from_dict(d["plan"]), d["table"], d["branch"],
                    d.get("engine", "spark"), bool(d.get("publishes")), d.get("since"), d.get("staged_snapshot_id"),
                    bool(d.get("can_rebase")), (q[0], q[1]) if q else None, _frozen(d.get("outcome")),
-                   _frozen(d.get("healing")), tuple(d.get("quarantined_files") or ()), float(d["started_at"]))
+                   _frozen(d.get("healing")), _frozen(d.get("report")), float(d["started_at"]))
 
 
 @dataclass(frozen=True)
