@@ -251,3 +251,14 @@ def test_dates_and_decimals_in_a_plan_keep_their_type_through_json():
     back = StagedWrite.from_json(staged.to_json())
     assert back == staged and back.plan.extract_plan().details == details
     assert type(back.plan.details["at"]) is datetime.datetime and type(back.plan.details["amount"]) is decimal.Decimal
+
+
+def test_the_runner_facade_publishes_a_stored_reference_too(lake, tmp_path):
+    from lakehouse.runner import StageRunner
+
+    apply(lake, tmp_path, pipeline("fa"))
+    land(lake, "fa", "a.jsonl", [{"id": 1, "v": "a"}, {"id": 2, "v": "b"}])
+    runner = StageRunner(lake, "fa", "ingest", run_id="facade-run")
+    ref = runner.reference(runner.write_and_audit(runner.extract())).to_json()
+    outcome = StageRunner(lake, "fa", "ingest", run_id="facade-run").publish(StagedWrite.from_json(ref))
+    assert outcome.published and outcome.rows_written == 2 and main_rows(lake, "bronze.fa") == 2
