@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 from lakehouse import alerts, coordination
 from lakehouse.branches import drop_branch_and_commits, keep_failed_audit, tidy_before_write
 from lakehouse.control import faults
+from lakehouse.control.attempt import attempt
 from lakehouse.control.flags import dataset_gate, enable_command
-from lakehouse.control.healing import run_with_healing
 from lakehouse.core import (
     PYTHON,
     SQL,
@@ -278,8 +278,9 @@ class WriteAuditPublish:
             faults.inject("publish", ctx)
             return session.publish()
 
-        # a commit conflict here is healed by refreshing and publishing again (not rewriting)
-        result = run_with_healing(ctx, "publish", publish)
+        # a commit conflict here is healed by refreshing and publishing again (not rewriting); the
+        # load step's deadline and retry policy are the ones around this (lakehouse.stage.steps)
+        result = attempt(ctx, "publish", publish, deadline=False)
         if not result.published:
             raise Superseded(result)  # the caller writes what is left on a fresh branch
         outcome.snapshot_id = result.snapshot_id

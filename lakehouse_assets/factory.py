@@ -32,6 +32,7 @@ from typing import Any
 
 import dagster as dg
 
+from lakehouse.control.attempt import Once
 from lakehouse.control.retry import retry_exception
 from lakehouse.core import AuditFailed
 from lakehouse.engines.choice import asked_engine
@@ -239,7 +240,10 @@ class _Extract:
     def plan(self, context):
         step = self.step
         runner = step.runner(context)
-        with step_errors(lambda exc: step.retry(runner, context, exc, "extract")):
+        # the stage's retry policy, offered each unhealed error once: by the step's wrapper
+        # (lakehouse.control.attempt, on the step's one budget) or by step_errors around the op
+        runner.retry = retry = Once(lambda exc: step.retry(runner, context, exc, "extract"))
+        with step_errors(retry):
             plan = runner.extract()
         context.log.info(f"{step.key.to_user_string()}: plan {plan.kind} {plan.details or ''}"
                          + (f" — skipped: {plan.skipped_reason}" if plan.skipped_reason else ""))
@@ -276,7 +280,7 @@ class _Load:
         step, key = self.step, self.step.key
         runner = step.runner(context)  # the check is cached: a re-executed load checks too
         runner.upstream_frames = {ident: inputs[name] for name, ident in step.input_tables}
-        retry = partial(step.retry, runner, context, phase="load")
+        runner.retry = retry = Once(partial(step.retry, runner, context, phase="load"))
         try:
             with step_errors(retry):
                 staged = runner.write_and_audit(plan)
@@ -287,14 +291,14 @@ class _Load:
         not_evaluated = {n: staged.outcome.skipped_reason or "rule disabled" for n in sorted(step.spec_names - evaluated)}
         if not_evaluated:  # why, on the materialization (the UI), for the summary and the dashboard
             staged.outcome.extra[NOT_EVALUATED] = not_evaluated
-        write = StageWrite(runner, staged, retry=retry)
+        write = StageWrite(runner.reference(staged), retry=retry)  # a value: the IO manager publishes from it
         # Dagster records a materialization per partition of a partitioned run's output itself; an
         # unpartitioned run of a time-partitioned asset records one per period the publish wrote (below)
         by_dagster = context.has_partition_key or context.has_partition_key_range
         if (staged.changes_nothing or (step.partitioned and not by_dagster)) and not step.feeds_this_run(context):
             # nothing new (or periods to record one by one) and no stage of this run waits for the
             # output: no output, so no materialization of Dagster's own; published here instead
-            outcome = publish_write(write)
+            outcome = publish_write(write, runner.platform, context.log).outcome
             recorded = False
         else:
             yield dg.Output(write, "result")  # the IO manager publishes it here: the materialization

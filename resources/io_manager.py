@@ -4,9 +4,12 @@ Outputs. A stage's load op first writes its input to the run's audit branch and 
 stage's rules there (`StageRunner.write_and_audit`, the first half of the one write-audit-publish
 service, `lakehouse.wap_service`), and reports them as asset check results. A failed blocking
 rule fails the step right there, before any output: no materialization, main untouched, the audit
-branch kept. Otherwise the op yields a `StageWrite` (the audited write and the step's context) and
-`handle_output` publishes it (`StageRunner.publish`: the kill switch read again, the exactly-once
-publish, the after-publish bookkeeping); the materialization Dagster records then is the publish.
+branch kept. Otherwise the op yields a `StageWrite`: the reference to the audited write (a
+`lakehouse.stage.values.StagedWrite`, serialisable: table, branch, run id, counts, checks) and the
+step's retry policy. `handle_output` stores the reference (JSON), loads it, and publishes from it
+(`lakehouse.stage.steps.publish`: the kill switch read again, the exactly-once publish, the
+after-publish bookkeeping) in a working context of its own; the materialization Dagster records
+then is the publish.
 A plain DataFrame written to a stage's table (an asset of user code) goes through the same service
 as one batch.
 
@@ -35,9 +38,12 @@ import dagster as dg
 from pydantic import PrivateAttr
 
 from lakehouse import pins
-from lakehouse.core import AuditFailed, Batch, StageDisabled, StageOutcome
+from lakehouse.core import AuditFailed, Batch, StageContext, StageDisabled, StageOutcome
 from lakehouse.metadata.model import MetadataCatalog, Stage, Target
-from lakehouse.runner import StagedLoad, StageRunner
+from lakehouse.platform import Platform
+from lakehouse.runner import StageRunner
+from lakehouse.stage import steps
+from lakehouse.stage.values import PublishResult, StagedWrite
 from resources.lakehouse import LakehouseResource
 from resources.spark import LakehouseSparkResource
 
@@ -49,24 +55,32 @@ LAZY = "lakehouse/lazy"
 class StageWrite:
     """A stage's audited write as its load op hands it to the IO manager, and what became of it.
 
-    `retry(exc)`: the stage's retry policy, read when the error happens (a RetryRequested, or None
-    to fail). After `handle_output`: `outcome` (published or skipped)."""
+    `staged`: the reference to the write on its audit branch (`lakehouse.stage.values.StagedWrite`,
+    serialisable; it is all the publish needs, no live runner comes with it). `retry(exc)`: the
+    stage's retry policy, read when the error happens (a RetryRequested, or None to fail). After
+    `handle_output`: `result` (published or skipped)."""
 
-    runner: StageRunner
-    staged: StagedLoad
+    staged: StagedWrite
     retry: Callable[[Exception], BaseException | None] = field(default=lambda exc: None)
-    outcome: StageOutcome | None = None
+    result: PublishResult | None = None
+
+    @property
+    def outcome(self) -> StageOutcome | None:
+        """The stage's final outcome once published (None before)."""
+        return self.result.outcome if self.result is not None else None
 
 
 @contextmanager
 def step_errors(retry: Callable[[Exception], BaseException | None]) -> Iterator[None]:
     """How a stage step's errors reach Dagster, in its ops and in `handle_output` alike: a failed
     audit passes as is (the caller reports it), a kill switch that reaches here fails the step (a stage's
-    runner skips its step instead: a kill switch is not a failure), any other unhealed
-    error goes to the stage's retry policy (read now: a RetryRequested, or the error itself)."""
+    runner skips its step instead: a kill switch is not a failure), a retry request passes as is,
+    and any other error goes to the stage's retry policy (read now: a RetryRequested, or the error
+    itself). The step's own wrapper (lakehouse.control.attempt) offers its errors to the same policy
+    first; `Once` keeps an error from being decided twice."""
     try:
         yield
-    except AuditFailed:
+    except (AuditFailed, dg.RetryRequested):
         raise
     except StageDisabled as exc:
         raise dg.Failure(description=str(exc)) from exc
@@ -77,28 +91,31 @@ def step_errors(retry: Callable[[Exception], BaseException | None]) -> Iterator[
         raise retry_request from exc
 
 
-def audit_failure(runner: StageRunner, exc: AuditFailed) -> dg.Failure:
+def audit_failure(ctx: StageContext, exc: AuditFailed) -> dg.Failure:
     """The step's failure for a failed blocking rule: what failed, where the data is, what to do."""
-    ident = runner.target.identifier
+    ident = ctx.target.identifier
     return dg.Failure(description=str(exc), metadata={
-        "dataset": ident, "stage": f"{runner.stage.pipeline_id}.{runner.stage.stage_name}",
+        "dataset": ident, "stage": f"{ctx.stage.pipeline_id}.{ctx.stage.stage_name}",
         "audit_branch": exc.branch,
         "failed_rules": ", ".join(o.rule.name for o in exc.outcomes if o.blocking_failure),
         "next_step": f"lakehouse branches show {ident} {exc.branch}"})
 
 
-def publish_write(write: StageWrite) -> StageOutcome:
-    """Publish a stage's audited write (`StageRunner.publish`) and keep its outcome on it. The IO
-    manager does this for an output; the load op itself for a step that records no materialization
-    (nothing new). A remainder written again (another run published part of the input meanwhile)
-    that fails its audit fails the step here, before any materialization."""
+def publish_write(write: StageWrite, platform: Platform, logger=None) -> PublishResult:
+    """Publish a stage's audited write from its reference (`lakehouse.stage.steps.publish`, in a
+    working context of its own) and keep the result on it. The IO manager does this for an output;
+    the load op itself for a step that records no materialization (nothing new). A remainder
+    written again (another run published part of the input meanwhile) that fails its audit fails
+    the step here, before any materialization."""
+    staged = write.staged
+    ctx = steps.restored(staged, steps.context_for(staged.request, platform, logger))
     try:
         with step_errors(write.retry):
-            outcome = write.runner.publish(write.staged)
+            result = steps.publish(staged, platform, ctx=ctx, retry=write.retry)
     except AuditFailed as exc:
-        raise audit_failure(write.runner, exc) from exc
-    write.outcome = outcome
-    return outcome
+        raise audit_failure(ctx, exc) from exc
+    write.result = result
+    return result
 
 
 def stage_for_key(catalog: MetadataCatalog, key: dg.AssetKey) -> tuple[Stage, Target]:
@@ -136,8 +153,13 @@ class IcebergIOManager(dg.ConfigurableIOManager):
         self._write_frame(context, obj)
 
     def _write_stage(self, context: dg.OutputContext, write: StageWrite) -> None:
-        """Publish the audited write (`publish_write`); its outcome is the materialization's metadata."""
-        context.add_output_metadata(publish_write(write).metadata())
+        """Store the staged-write reference, load it, and publish what it refers to (`publish_write`):
+        the reference alone is enough (a JSON text; nothing live crosses). Its outcome is the
+        materialization's metadata."""
+        loaded = StageWrite(StagedWrite.from_json(write.staged.to_json()), retry=write.retry)
+        result = publish_write(loaded, self.lakehouse.platform(), context.log)
+        write.result = result
+        context.add_output_metadata(result.metadata())
 
     def _write_frame(self, context: dg.OutputContext, df) -> None:
         """A DataFrame for a stage's table: one batch through the same write-audit-publish, as

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+from lakehouse.engines import audited
 from lakehouse.engines.spark.write import SparkAuditedWrite as AuditedWrite
 from lakehouse.runner import Batch, StageRunner
 from tests.test_wap_helpers import apply, checks, land, main_snapshot, order, pyiceberg, rows_of, run
@@ -31,7 +32,8 @@ def test_main_unchanged_between_branch_write_and_publish(platform, tmp_path, mon
             polled.add(main_snapshot(platform, "bronze.orders"))
             time.sleep(0.05)
 
-    audit, publish = AuditedWrite.audit, AuditedWrite.publish
+    audit = AuditedWrite.audit
+    publish = audited.publish_branches  # the publish of a staged write, from its reference (lakehouse.stage)
 
     def spy_audit(self):
         if self.ident != "bronze.orders":
@@ -41,15 +43,14 @@ def test_main_unchanged_between_branch_write_and_publish(platform, tmp_path, mon
         seen["branch_rows_at_audit"] = len(rows_of(platform, "bronze.orders", self.branch))
         return audit(self)
 
-    def spy_publish(self):
-        if self.ident != "bronze.orders":
-            return publish(self)
-        seen["main_before_publish"] = main_snapshot(platform, "bronze.orders")
-        seen["branch_head"] = pyiceberg(platform).load_table("bronze.orders").metadata.refs[self.branch].snapshot_id
-        return publish(self)
+    def spy_publish(platform_, tables, ident, branch, **kwargs):
+        if ident == "bronze.orders":
+            seen["main_before_publish"] = main_snapshot(platform, "bronze.orders")
+            seen["branch_head"] = pyiceberg(platform).load_table("bronze.orders").metadata.refs[branch].snapshot_id
+        return publish(platform_, tables, ident, branch, **kwargs)
 
     monkeypatch.setattr(AuditedWrite, "audit", spy_audit)
-    monkeypatch.setattr(AuditedWrite, "publish", spy_publish)
+    monkeypatch.setattr(audited, "publish_branches", spy_publish)
     land(platform, "orders", "b2", [order(3), order(4), order(5)])
     poller = threading.Thread(target=poll_main, daemon=True)
     poller.start()

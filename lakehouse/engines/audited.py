@@ -73,15 +73,19 @@ class QuarantineBranch:
     def publish(self) -> None:
         """Publish after the data (same run, under the target's publish lock): never rows of a
         file whose quarantine rows another run already published."""
-        if not self.created:
-            return
-        from lakehouse.publish import publish_branch
+        if self.created:
+            publish_quarantine(self.tables, self.ident, self.branch, since=self.fork, run_id=self.runner.run_id)
 
-        res = publish_branch(self.tables, self.ident, self.branch, since=self.fork, run_id=self.runner.run_id)
-        if not res.published:
-            raise RuntimeError(f"{self.ident}: quarantine branch {self.branch} not published "
-                               f"({res.overlap.message() if res.overlap else 'main moved'}); it is kept for "
-                               f"inspection (`lakehouse branches list {self.ident}`)")
+
+def publish_quarantine(tables: CatalogTables, ident: str, branch: str, *, since: int | None, run_id: str) -> None:
+    """A run's quarantine branch onto the quarantine table's main (after the data's publish)."""
+    from lakehouse.publish import publish_branch
+
+    res = publish_branch(tables, ident, branch, since=since, run_id=run_id)
+    if not res.published:
+        raise RuntimeError(f"{ident}: quarantine branch {branch} not published "
+                           f"({res.overlap.message() if res.overlap else 'main moved'}); it is kept for "
+                           f"inspection (`lakehouse branches list {ident}`)")
 
 
 class BranchWrite:
@@ -181,22 +185,39 @@ class BranchWrite:
         return [self.ident] + ([self._quarantine.ident] if self._quarantine is not None and self._quarantine.created
                                else [])
 
+    def publish_args(self) -> dict:
+        """What the publish of this branch needs besides the table and the branch (`publish_branches`):
+        a staged-write reference stores it (lakehouse.stage.values.StagedWrite), so a publish in
+        another process or instance needs no live session."""
+        q = self._quarantine
+        return {"since": self.since, "run_id": self.runner.run_id,
+                "can_rebase": self.target.write_mode == "append" and self.prepare_branch is None,
+                "quarantine": (q.ident, q.fork) if q is not None and q.created else None}
+
     def publish(self):
         """Publish the data branch exactly once (lakehouse.publish), then the quarantine branch,
         both under the target's publish lock; each commit drops its branch. Returns the data's
         PublishResult: not published when the input (or part of it) is already on main. A
         crash between the two commits is completed by the next run (lakehouse.branches)."""
-        from lakehouse import coordination
-        from lakehouse.control import faults
-        from lakehouse.ingest.jdbc import watermark_order
-        from lakehouse.publish import publish_branch
+        return publish_branches(self.runner.platform, self.tables, self.ident, self.branch, **self.publish_args())
 
-        faults.inject("before_publish")
-        with coordination.publish_lock(self.runner.platform, self.ident):
-            res = publish_branch(self.tables, self.ident, self.branch, since=self.since, run_id=self.runner.run_id,
-                                 watermark_order=watermark_order,
-                                 can_rebase=self.target.write_mode == "append" and self.prepare_branch is None)
-            if res.published and self._quarantine is not None:
-                faults.inject("between_publishes")
-                self._quarantine.publish()
-        return res
+
+def publish_branches(platform, tables: CatalogTables, ident: str, branch: str, *, since: int | None, run_id: str,
+                     can_rebase: bool, quarantine: tuple[str, int | None] | None):
+    """`BranchWrite.publish` from its parts: the data branch exactly once, then (when this run
+    quarantined rows: `quarantine` = (quarantine table, its main at the fork)) the quarantine
+    branch, both under the target's publish lock."""
+    from lakehouse import coordination
+    from lakehouse.control import faults
+    from lakehouse.ingest.jdbc import watermark_order
+    from lakehouse.publish import publish_branch
+
+    faults.inject("before_publish")
+    with coordination.publish_lock(platform, ident):
+        res = publish_branch(tables, ident, branch, since=since, run_id=run_id, watermark_order=watermark_order,
+                             can_rebase=can_rebase)
+        if res.published and quarantine is not None:
+            faults.inject("between_publishes")
+            qident, fork = quarantine
+            publish_quarantine(tables, qident, branch, since=fork, run_id=run_id)
+    return res
