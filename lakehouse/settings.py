@@ -182,7 +182,14 @@ class ServiceSettings(_Section):
     """The load API (`lakehouse serve`)."""
 
     api_token: SecretStr | None = Field(default=None, description="bearer token of the load API (`lakehouse serve` "
-                                                                  "refuses to start without it)")
+                                                                  "starts only with it or with a per-tenant token: "
+                                                                  "`lakehouse serve token add`). It acts for every "
+                                                                  "tenant: give clients per-tenant tokens")
+    api_max_body_bytes: int = Field(default=1_048_576, ge=1024,
+                                    description="largest request body the load API accepts (bytes); larger is "
+                                                "refused with 413 before it is read")
+    api_docs: Flag = Field(default=True, description="serve `/docs` and `/openapi.json` (to token holders only); "
+                                                     "`0`/`off`: not at all")
 
 
 class RunSettings(_Section):
