@@ -10,6 +10,7 @@ The code location comes from --workspace (default ./workspace.yaml).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -44,6 +45,12 @@ def cmd_serve(args) -> int:
     from lakehouse.service.runs import RunGateway
     from lakehouse.throughput.instance import ensure_instance
 
+    service_log = logging.getLogger("lakehouse.service")  # accepted loads and their correlation ids
+    if not service_log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        service_log.addHandler(handler)
+        service_log.setLevel(logging.INFO)
     platform = Platform.from_settings(settings)
     _home, instance = ensure_instance(platform.settings)  # the instance `lakehouse run`, the UI and the daemon share
     gateway = RunGateway(args.workspace, args.location, instance=instance)
@@ -138,4 +145,36 @@ def _token_list(args) -> int:
     return 0
 
 
+def cmd_load_submit(args) -> int:
+    import json
+
+    from lakehouse.service.client import LoadFailed, submit_and_poll
+
+    if not args.pattern and not args.file_key:
+        print("error: give --pattern and/or --file-key", file=sys.stderr)
+        return 2
+    try:
+        out = submit_and_poll(application=args.application, patterns=args.pattern or [],
+                              file_keys=args.file_key or [], tenant_id=args.tenant, wait=args.wait,
+                              require_enabled=False)
+    except (LoadFailed, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(out, indent=2, default=str))
+    return 0
+
+
+def register_load(sub) -> None:
+    p = sub.add_parser("load", help="the load API's client (seed 000): submit a load, optionally wait for it")
+    lsub = p.add_subparsers(dest="load_command", required=True)
+    s = lsub.add_parser("submit", help="POST /load to MDLH_BASE_URL; --wait polls until COMPLETED or FAILED")
+    s.add_argument("--application", default=None, help="the raw table (default LH_LOAD_RAW_TABLE_NAME)")
+    s.add_argument("--pattern", action="append", help="a glob over keys (repeatable)")
+    s.add_argument("--file-key", action="append", help="an object key (repeatable)")
+    s.add_argument("--tenant", default=None, help="X-Atlan-Tenant-Id (default LH_LOAD_TENANT_ID)")
+    s.add_argument("--wait", action="store_true", help="poll every LH_LOAD_POLL_INTERVAL_SECONDS until done")
+    s.set_defaults(func=cmd_load_submit)
+
+
 EXTRA_COMMANDS.append(register)
+EXTRA_COMMANDS.append(register_load)

@@ -22,14 +22,15 @@ from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 from urllib.parse import unquote
 
-from fastapi import FastAPI, Header, HTTPException, Request, status
+from fastapi import Body, FastAPI, Header, HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from lakehouse import entity_raw
 from lakehouse.entity_raw import LoadRequest
 from lakehouse.platform import Platform
-from lakehouse.service import jobs, tokens
+from lakehouse.service import jobs, seed, tokens
 from lakehouse.service.gate import Gate
 from lakehouse.service.runs import RunGateway, load_job_name
 from lakehouse.service.tokens import Principal
@@ -69,13 +70,8 @@ def create_app(platform: Platform, gateway: RunGateway, token: str = "", *, max_
                                 headers={"WWW-Authenticate": "Bearer"})
         return p
 
-    @app.post("/load", status_code=status.HTTP_202_ACCEPTED)
-    def submit_load(request: Request, body: LoadRequest,
-                    tenant: Annotated[str | None, Header(alias=TENANT_HEADER)] = None) -> dict[str, Any]:
-        who = principal_of(request)
-        if tenant is not None and tenant != body.tenant_id:
-            raise HTTPException(status.HTTP_403_FORBIDDEN,
-                                f"{TENANT_HEADER} {_short(tenant)} does not match the request's tenant_id")
+    def submit(who: Principal, body: LoadRequest, correlation: str | None = None) -> tuple[str, str]:
+        """(job id, application id) of an accepted load; HTTP errors for everything refused."""
         if not who.may_act_for(body.tenant_id):
             raise HTTPException(status.HTTP_403_FORBIDDEN,
                                 f"this token does not act for tenant {_short(body.tenant_id)}")
@@ -103,6 +99,10 @@ def create_app(platform: Platform, gateway: RunGateway, token: str = "", *, max_
         tags = {jobs.JOB_TAG: job_id, "lakehouse/application": app_row.application_id,
                 "lakehouse/tenant": body.tenant_id, "lakehouse/launched_by": "load-api",
                 "lakehouse/api_token": who.token_id}
+        if correlation:
+            tags["lakehouse/correlation_id"] = correlation[:200]
+        log.info("load job %s accepted: tenant %s, application %s, token %s, %s %s", job_id, body.tenant_id,
+                 app_row.application_id, who.token_id, seed.JOB_ID_HEADER, correlation or "-")
         try:
             gateway.submit(load_job_name(app_row.application_id), job_id, tags)
         except Exception as exc:
@@ -110,18 +110,34 @@ def create_app(platform: Platform, gateway: RunGateway, token: str = "", *, max_
             jobs.record_error(platform.store, job_id, f"not submitted: {type(exc).__name__}: {exc}")
             raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
                                 f"load job {job_id} could not be queued: {type(exc).__name__}") from None
-        return {"job_id": job_id, "status": "queued", "application": app_row.application_id,
-                "table": entity_raw.table_identifier(app_row.application_id), "status_url": f"/load/{job_id}"}
+        return job_id, app_row.application_id
 
-    @app.get("/load/{job_id}")
-    def load_status(request: Request, job_id: str,
-                    tenant: Annotated[str | None, Header(alias=TENANT_HEADER)] = None) -> Any:
+    @app.post("/load", status_code=status.HTTP_202_ACCEPTED,
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
+                  "oneOf": [LoadRequest.model_json_schema(), seed.SeedLoadRequest.model_json_schema()]}}}}})
+    def submit_load(request: Request, payload: Annotated[dict[str, Any], Body()],
+                    tenant: Annotated[str | None, Header(alias=TENANT_HEADER)] = None,
+                    atlan_tenant: Annotated[str | None, Header(alias=seed.TENANT_HEADER)] = None,
+                    correlation: Annotated[str | None, Header(alias=seed.JOB_ID_HEADER)] = None) -> Any:
+        """The platform's body (snake_case, `tenant_id`), or seed 000's (camelCase `fileKeys`/`patterns`,
+        `tableName`, the tenant in `X-Atlan-Tenant-Id`): the answer is in the dialect of the request."""
         who = principal_of(request)
-        if tenant is None:
-            if who.tenant_id is None:  # the shared token must say which tenant it asks for
-                return JSONResponse({"detail": [{"loc": ["header", TENANT_HEADER], "msg": "Field required",
-                                                 "type": "missing"}]}, status_code=422)
-            tenant = who.tenant_id
+        if seed.is_seed_request(payload, atlan_tenant):
+            body = seed.to_load_request(payload, atlan_tenant)
+            job_id, application = submit(who, body, correlation)
+            return seed.accepted(job_id, application, correlation)
+        try:
+            body = LoadRequest.model_validate(payload)
+        except ValidationError as exc:
+            raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+        if tenant is not None and tenant != body.tenant_id:
+            raise HTTPException(status.HTTP_403_FORBIDDEN,
+                                f"{TENANT_HEADER} {_short(tenant)} does not match the request's tenant_id")
+        job_id, application = submit(who, body, correlation)
+        return {"job_id": job_id, "status": "queued", "application": application,
+                "table": entity_raw.table_identifier(application), "status_url": f"/load/{job_id}"}
+
+    def job_status(who: Principal, job_id: str, tenant: str) -> dict[str, Any]:
         job = jobs.get(platform.store, job_id) if len(job_id) <= 64 else None
         if (job is None or job["tenant_id"] != tenant or not who.may_act_for(tenant)
                 or not who.may_use(job["application"])):
@@ -154,6 +170,28 @@ def create_app(platform: Platform, gateway: RunGateway, token: str = "", *, max_
             "engine_reason": result.get("engine_reason"), "error": client_text(error, roots),
         }
 
+    @app.get("/load/{job_id}")
+    def load_status(request: Request, job_id: str,
+                    tenant: Annotated[str | None, Header(alias=TENANT_HEADER)] = None) -> Any:
+        who = principal_of(request)
+        if tenant is None:
+            if who.tenant_id is None:  # the shared token must say which tenant it asks for
+                return JSONResponse({"detail": [{"loc": ["header", TENANT_HEADER], "msg": "Field required",
+                                                 "type": "missing"}]}, status_code=422)
+            tenant = who.tenant_id
+        return job_status(who, job_id, tenant)
+
+    @app.get("/load/{job_id}/status")
+    def seed_load_status(request: Request, job_id: str,
+                         atlan_tenant: Annotated[str | None, Header(alias=seed.TENANT_HEADER)] = None,
+                         correlation: Annotated[str | None, Header(alias=seed.JOB_ID_HEADER)] = None) -> Any:
+        """Seed 000's status route: `X-Atlan-Tenant-Id` required, camelCase answer."""
+        who = principal_of(request)
+        tenant = seed.require_tenant(atlan_tenant)
+        if correlation:
+            log.info("status of load job %s asked (%s %s)", job_id[:64], seed.JOB_ID_HEADER, correlation[:200])
+        return seed.status_answer(job_status(who, job_id, tenant), correlation)
+
     @app.get("/health")
     def health(request: Request) -> JSONResponse:
         if getattr(request.state, "principal", None) is None:  # liveness: the process answers
@@ -167,7 +205,7 @@ def create_app(platform: Platform, gateway: RunGateway, token: str = "", *, max_
 
     @app.get("/actuator/health")
     def actuator_health() -> dict[str, str]:
-        """Seed 000's liveness (Spring Boot actuator's shape)."""
+        """Seed 000's liveness, in Spring Boot actuator's shape."""
         return {"status": "UP"}
 
     return app
