@@ -182,7 +182,54 @@ class ServiceSettings(_Section):
     """The load API (`lakehouse serve`)."""
 
     api_token: SecretStr | None = Field(default=None, description="bearer token of the load API (`lakehouse serve` "
-                                                                  "refuses to start without it)")
+                                                                  "starts only with it or with a per-tenant token: "
+                                                                  "`lakehouse serve token add`). It acts for every "
+                                                                  "tenant: give clients per-tenant tokens")
+    api_max_body_bytes: int = Field(default=1_048_576, ge=1024,
+                                    description="largest request body the load API accepts (bytes); larger is "
+                                                "refused with 413 before it is read")
+    api_docs: Flag = Field(default=True, description="serve `/docs` and `/openapi.json` (to token holders only); "
+                                                     "`0`/`off`: not at all")
+
+
+class LoadClientSettings(_Section):
+    """The load client (`lakehouse load submit`, lakehouse.service.client.submit_and_poll): seed 000's
+    variables, with its defaults."""
+
+    enable_lakehouse_load: Flag = Field(default=False, validation_alias=_alias("enable_lakehouse_load",
+                                                                               "ENABLE_LAKEHOUSE_LOAD"),
+                                        json_schema_extra=_env("ENABLE_LAKEHOUSE_LOAD"),
+                                        description="`true`: a connector's `submit_and_poll` loads; else it "
+                                                    "returns without a request")
+    mdlh_base_url: str = Field(default="http://lakehouse.atlas.svc.cluster.local:4541",
+                               validation_alias=_alias("mdlh_base_url", "MDLH_BASE_URL"),
+                               json_schema_extra=_env("MDLH_BASE_URL"), description="the load API's base URL")
+    lh_load_raw_namespace: str = Field(default="entity_raw", validation_alias=_alias("lh_load_raw_namespace",
+                                                                                     "LH_LOAD_RAW_NAMESPACE"),
+                                       json_schema_extra=_env("LH_LOAD_RAW_NAMESPACE"),
+                                       description="namespace of the raw tables (the server accepts `entity_raw`)")
+    lh_load_raw_table_name: str | None = Field(default=None, validation_alias=_alias("lh_load_raw_table_name",
+                                                                                     "LH_LOAD_RAW_TABLE_NAME"),
+                                               json_schema_extra=_env("LH_LOAD_RAW_TABLE_NAME", "the application"),
+                                               description="raw table (= registered application) to load into")
+    lh_load_raw_mode: str = Field(default="APPEND", validation_alias=_alias("lh_load_raw_mode", "LH_LOAD_RAW_MODE"),
+                                  json_schema_extra=_env("LH_LOAD_RAW_MODE"), description="APPEND or UPSERT")
+    lh_load_poll_interval_seconds: float = Field(default=10.0, gt=0, validation_alias=_alias(
+        "lh_load_poll_interval_seconds", "LH_LOAD_POLL_INTERVAL_SECONDS"),
+        json_schema_extra=_env("LH_LOAD_POLL_INTERVAL_SECONDS"), description="seconds between status polls")
+    lh_load_max_poll_attempts: int = Field(default=360, ge=1, validation_alias=_alias(
+        "lh_load_max_poll_attempts", "LH_LOAD_MAX_POLL_ATTEMPTS"),
+        json_schema_extra=_env("LH_LOAD_MAX_POLL_ATTEMPTS"), description="status polls before giving up")
+    lh_load_http_timeout_seconds: float = Field(default=30.0, gt=0, validation_alias=_alias(
+        "lh_load_http_timeout_seconds", "LH_LOAD_HTTP_TIMEOUT_SECONDS"),
+        json_schema_extra=_env("LH_LOAD_HTTP_TIMEOUT_SECONDS"), description="timeout of each HTTP request")
+    lh_load_token: SecretStr | None = Field(default=None, validation_alias=_alias("lh_load_token", "LH_LOAD_TOKEN"),
+                                            json_schema_extra=_env("LH_LOAD_TOKEN"),
+                                            description="the client's bearer token (`lakehouse serve token add`)")
+    lh_load_tenant_id: str | None = Field(default=None, validation_alias=_alias("lh_load_tenant_id",
+                                                                                "LH_LOAD_TENANT_ID"),
+                                          json_schema_extra=_env("LH_LOAD_TENANT_ID"),
+                                          description="the client's tenant (`X-Atlan-Tenant-Id`)")
 
 
 class RunSettings(_Section):
@@ -247,13 +294,14 @@ class FaultHooks(_Section):
 #: (section title, section class) in the order the README's table lists them
 SECTIONS: tuple[tuple[str, type[BaseSettings]], ...] = (
     ("Paths", PathSettings), ("Iceberg catalog and S3", CatalogSettings), ("Spark", SparkSettings),
-    ("DataHub", DataHubSettings), ("Load service", ServiceSettings), ("Runs", RunSettings),
+    ("DataHub", DataHubSettings), ("Load service", ServiceSettings),
+    ("Load client (seed 000)", LoadClientSettings), ("Runs", RunSettings),
     ("Dagster", DagsterSettings), ("Test hooks", FaultHooks),
 )
 
 
 class PlatformSettings(PathSettings, CatalogSettings, SparkSettings, DataHubSettings, ServiceSettings,
-                       RunSettings, DagsterSettings, FaultHooks):
+                       LoadClientSettings, RunSettings, DagsterSettings, FaultHooks):
     """Every setting of the platform; see the module docstring and README.md's table."""
 
     model_config = _CONFIG

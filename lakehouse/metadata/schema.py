@@ -150,6 +150,21 @@ load_jobs = sa.Table(
     sa.Index("ix_load_jobs_tenant", "tenant_id", "submitted_at"),
 )
 
+# --- per-tenant bearer tokens of the load API (lakehouse.service.tokens): only a hash is kept
+api_tokens = sa.Table(
+    "api_tokens",
+    metadata_obj,
+    sa.Column("token_id", sa.String(32), primary_key=True),  # the public part of the token
+    sa.Column("tenant_id", sa.String(255), nullable=False),
+    sa.Column("applications", sa.Text, nullable=False),  # JSON list of application ids, or ["*"]
+    sa.Column("token_hash", sa.String(128), nullable=False),  # sha256 of the secret part
+    sa.Column("label", sa.String(255)),
+    sa.Column("replaces", sa.String(32)),  # the token this one rotated (both valid until that one is revoked)
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("revoked_at", sa.DateTime(timezone=True)),
+    sa.Index("ix_api_tokens_tenant", "tenant_id"),
+)
+
 # --- alerts outbox (lakehouse.alerts)
 alerts_table = sa.Table(
     "alerts",
