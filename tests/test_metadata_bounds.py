@@ -147,7 +147,7 @@ def test_a_large_valid_file_validates_in_memory_proportional_to_it(tmp_path):
     size_mb = (meta / "pipelines.yaml").stat().st_size / 1024**2
     code, text, seconds, rss = lakehouse_capped(tmp_path, "metadata", "validate", str(meta), cap_mb=2560,
                                                 timeout=600)
-    assert code == 0 and "valid (1 retry_policies, 240000 pipelines)" in text.replace(",", ""), text
+    assert code == 0 and "valid (240000 pipelines 1 retry_policies)" in text.replace(",", ""), text
     print(f"{size_mb:.1f} MB validated in {seconds:.1f} s, peak RSS {rss:.0f} MB")
     assert rss < 100 + 60 * size_mb
 
@@ -214,7 +214,7 @@ def test_a_fifo_as_a_stages_sql_file_is_refused_naming_the_field(tmp_path):
 
 def test_a_fifo_swapped_in_after_the_listing_does_not_block(tmp_path):
     """The reader opens without blocking: a writer-less FIFO opened for reading would wait for ever."""
-    from lakehouse.metadata.loader import BoundedReader, _Refused
+    from lakehouse.metadata.loader import BoundedReader, RefusedFile
 
     fifo = tmp_path / "x.yaml"
     os.mkfifo(fifo)
@@ -222,7 +222,7 @@ def test_a_fifo_swapped_in_after_the_listing_does_not_block(tmp_path):
     old = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the read blocked"))
     signal.alarm(20)
     try:
-        with pytest.raises(_Refused, match="a FIFO"):
+        with pytest.raises(RefusedFile, match="a FIFO"):
             reader.read(fifo)
     finally:
         signal.alarm(0)
@@ -256,3 +256,16 @@ def test_the_limits_are_settings_read_from_the_environment(monkeypatch, tmp_path
         load_metadata(path)
     monkeypatch.delenv("LAKEHOUSE_METADATA_MAX_FILE_BYTES")
     assert load_metadata(path).catalog.pipelines[0].pipeline_id == "a"
+
+
+def test_sql_import_reads_its_file_within_the_same_limits(tmp_path):
+    fifo = tmp_path / "seed.sql"
+    os.mkfifo(fifo)
+    code, text, seconds, _ = lakehouse_capped(tmp_path, "sql", "import", str(fifo), "--metadata", str(DEMO),
+                                              timeout=60)
+    assert code == 2 and f"error: {fifo}: a FIFO (named pipe), not a regular file" in text, text
+    big = tmp_path / "big.sql"
+    big.write_text("INSERT INTO gold.x SELECT 1 AS a FROM silver.user_events;\n" * 100)
+    code, text, _, _ = lakehouse_capped(tmp_path, "sql", "import", str(big), "--metadata", str(DEMO), timeout=60,
+                                        env={"LAKEHOUSE_METADATA_MAX_FILE_BYTES": "5000"})
+    assert code == 2 and f"error: {big}: 5,800 bytes, over the limit of 5,000 bytes" in text, text

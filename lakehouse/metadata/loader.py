@@ -79,8 +79,8 @@ def _loc(loc: tuple) -> str:
     return out
 
 
-class _Refused(Exception):
-    """A file the reader refuses (the message says why; the caller names the file)."""
+class RefusedFile(ValueError):
+    """A file `BoundedReader` refuses (the message says why; the caller names the file)."""
 
 
 #: what a path that is not a regular file is, for the message
@@ -98,7 +98,7 @@ def _not_regular(mode: int) -> str | None:
 class BoundedReader:
     """Reads the files of one metadata directory within `MetadataLimits`: regular files only, each at
     most `metadata_max_file_bytes`, all together at most `metadata_max_bytes`. A refused file raises
-    `_Refused` before anything of it is parsed."""
+    `RefusedFile` before anything of it is parsed."""
 
     def __init__(self, limits: MetadataLimits):
         self.limits = limits
@@ -109,16 +109,16 @@ class BoundedReader:
         try:  # stat first: a FIFO or a device is never opened
             why = _not_regular(os.stat(path).st_mode)
             if why:
-                raise _Refused(why)
+                raise RefusedFile(why)
             # O_NONBLOCK: should a FIFO replace the file between the stat and the open, the open does not wait
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
         except OSError as exc:
-            raise _Refused(f"cannot be read: {exc.strerror or exc}") from None
+            raise RefusedFile(f"cannot be read: {exc.strerror or exc}") from None
         try:
             st = os.fstat(fd)
             why = _not_regular(st.st_mode)
             if why:
-                raise _Refused(why)
+                raise RefusedFile(why)
             self._check(st.st_size)
             chunks, size = [], 0
             while size <= cap:  # the file may grow while it is read: never more than the limit and a byte
@@ -136,11 +136,11 @@ class BoundedReader:
     def _check(self, size: int) -> None:
         cap = self.limits.metadata_max_file_bytes
         if size > cap:
-            raise _Refused(f"{size:,} bytes, over the limit of {cap:,} bytes for one metadata file "
+            raise RefusedFile(f"{size:,} bytes, over the limit of {cap:,} bytes for one metadata file "
                            f"({env_name('metadata_max_file_bytes')}). Fix: split it into several files, or raise "
                            "the limit")
         if self.total + size > self.limits.metadata_max_bytes:
-            raise _Refused(f"with this file the metadata read reaches {self.total + size:,} bytes, over the limit "
+            raise RefusedFile(f"with this file the metadata read reaches {self.total + size:,} bytes, over the limit "
                            f"of {self.limits.metadata_max_bytes:,} bytes for all metadata files together "
                            f"({env_name('metadata_max_bytes')}). Fix: apply the directory in parts, or raise the "
                            "limit")
@@ -176,13 +176,13 @@ def _check_aliases(root: yaml.Node, budget: int) -> None:
         for child in _node_children(node):
             if id(child) in open_:
                 line = child.start_mark.line + 1 if child.start_mark else "?"
-                raise _Refused(f"line {line}: a YAML alias refers to a node that contains it (a recursive "
+                raise RefusedFile(f"line {line}: a YAML alias refers to a node that contains it (a recursive "
                                "structure); metadata is a tree. Fix: write the values out")
             if id(child) not in size:
                 stack.append((child, False))
     added = size[id(root)] - len(size)
     if added > budget:
-        raise _Refused(f"its YAML aliases expand {len(size):,} written nodes by {added:,}, over the limit of "
+        raise RefusedFile(f"its YAML aliases expand {len(size):,} written nodes by {added:,}, over the limit of "
                        f"{budget:,} ({env_name('metadata_max_alias_nodes')}): nested aliases (a \"billion laughs\") "
                        "would exhaust memory. Fix: write the values out, or raise the limit")
 
@@ -265,7 +265,7 @@ def load_metadata(path: str | Path, *, check_refs: bool = True, live=None,
             continue
         try:
             doc = parse_yaml(reader.read(f).decode("utf-8"), limits)
-        except _Refused as exc:
+        except RefusedFile as exc:
             problems.append(f"{rel}: {exc}")  # a file over a limit is not read: the next ones may be
             continue
         except yaml.YAMLError as exc:
@@ -303,7 +303,7 @@ def load_metadata(path: str | Path, *, check_refs: bool = True, live=None,
                     if why is None:
                         try:
                             item["transformation"] = reader.read(sql_path).decode("utf-8")
-                        except _Refused as exc:
+                        except RefusedFile as exc:
                             why = f"{sql_path}: {exc}"
                         except UnicodeDecodeError as exc:
                             why = f"{sql_path} is not UTF-8 text: {exc}"
