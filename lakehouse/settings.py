@@ -125,8 +125,9 @@ class MetadataLimits(_Section):
     metadata_max_file_bytes: int = Field(default=32 * 1024**2, ge=1,
                                          description="bytes of one metadata file (YAML, or a stage's SQL file); "
                                                      "1,000 pipelines are about 2 MB of YAML")
-    metadata_max_bytes: int = Field(default=128 * 1024**2, ge=1,
-                                    description="bytes of every file of a metadata directory together")
+    metadata_max_bytes: int = Field(default=64 * 1024**2, ge=1,
+                                    description="bytes of every file of a metadata directory together (parsed "
+                                                "and validated metadata takes about 50 times its size in memory)")
     metadata_max_files: int = Field(default=10_000, ge=1, description="YAML files in a metadata directory")
     metadata_max_alias_nodes: int = Field(default=100_000, ge=0,
                                           description="YAML nodes the aliases (`*name`) of one file may add when "

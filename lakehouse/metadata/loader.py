@@ -137,13 +137,13 @@ class BoundedReader:
         cap = self.limits.metadata_max_file_bytes
         if size > cap:
             raise RefusedFile(f"{size:,} bytes, over the limit of {cap:,} bytes for one metadata file "
-                           f"({env_name('metadata_max_file_bytes')}). Fix: split it into several files, or raise "
-                           "the limit")
+                              f"({env_name('metadata_max_file_bytes')}). Fix: split it into several files, or raise "
+                              "the limit")
         if self.total + size > self.limits.metadata_max_bytes:
             raise RefusedFile(f"with this file the metadata read reaches {self.total + size:,} bytes, over the limit "
-                           f"of {self.limits.metadata_max_bytes:,} bytes for all metadata files together "
-                           f"({env_name('metadata_max_bytes')}). Fix: apply the directory in parts, or raise the "
-                           "limit")
+                              f"of {self.limits.metadata_max_bytes:,} bytes for all metadata files together "
+                              f"({env_name('metadata_max_bytes')}). Fix: apply the directory in parts, or raise the "
+                              "limit")
 
 
 def _node_children(node: yaml.Node) -> list[yaml.Node]:
@@ -177,14 +177,14 @@ def _check_aliases(root: yaml.Node, budget: int) -> None:
             if id(child) in open_:
                 line = child.start_mark.line + 1 if child.start_mark else "?"
                 raise RefusedFile(f"line {line}: a YAML alias refers to a node that contains it (a recursive "
-                               "structure); metadata is a tree. Fix: write the values out")
+                                  "structure); metadata is a tree. Fix: write the values out")
             if id(child) not in size:
                 stack.append((child, False))
     added = size[id(root)] - len(size)
     if added > budget:
         raise RefusedFile(f"its YAML aliases expand {len(size):,} written nodes by {added:,}, over the limit of "
-                       f"{budget:,} ({env_name('metadata_max_alias_nodes')}): nested aliases (a \"billion laughs\") "
-                       "would exhaust memory. Fix: write the values out, or raise the limit")
+                          f"{budget:,} ({env_name('metadata_max_alias_nodes')}): nested aliases (a \"billion laughs\") "
+                          "would exhaust memory. Fix: write the values out, or raise the limit")
 
 
 def parse_yaml(text: str, limits: MetadataLimits) -> Any:
