@@ -212,3 +212,17 @@ def test_valid_duckdb_sql_still_passes():
     assert duckdb_problem(GOLD_SQL) is None
     assert "reads lake tables" not in (duckdb_problem("SELECT * FROM range(3)") or "")
     assert duckdb_problem((REPO / "metadata" / "demo" / "sql" / "gold_daily_user_events.sql").read_text()) is None
+
+
+def test_apply_refuses_them_too_and_writes_nothing(tmp_path):
+    from lakehouse.metadata.store import MetadataStore
+
+    store = MetadataStore(f"sqlite:///{tmp_path / 'control.db'}")
+    for field, value, where in [("stages[1].transformation", HOSTILE_SQL["read_csv"], "stages[1].sql_engine"),
+                                ("targets[0].merge_keys[0]", "id) OR 1=1 --", "targets[0].merge_keys"),
+                                ("sources[0].columns[1].type", "string) ; DROP TABLE x", "sources[0].columns[1].type")]:
+        path = write(tmp_path, with_value(field, value))
+        with pytest.raises(MetadataError) as exc:
+            store.apply(load_metadata(path, check_refs=False))  # what `lakehouse metadata apply` does
+        assert any(p.startswith(f"{path}: {where}") for p in exc.value.problems), exc.value.problems
+    assert store.load().stages == []
