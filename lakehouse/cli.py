@@ -59,8 +59,9 @@ def cmd_metadata(args) -> int:
         from lakehouse.metadata.checks import unchecked
         from lakehouse.settings import load_settings
 
-        live = _live_tables(load_settings(), readonly=True)
-        loaded = load_metadata(args.path, live=live)
+        settings = load_settings()
+        live = _live_tables(settings, readonly=True)
+        loaded = load_metadata(args.path, live=live, limits=settings)
         counts = {k: len(v) for k, v in loaded.catalog.model_dump().items() if v}
         print(f"{args.path}: valid ({', '.join(f'{n} {k}' for k, n in counts.items())})")
         for note in unchecked(loaded.catalog, live):
@@ -96,7 +97,7 @@ def cmd_metadata(args) -> int:
         print(yaml.safe_dump(data, sort_keys=False))
         return 0
     # apply checks references against the merged catalog (a file may refer to rows already applied)
-    loaded = load_metadata(args.path, check_refs=False)
+    loaded = load_metadata(args.path, check_refs=False, limits=platform.settings)
     from lakehouse.metadata.locations import touched_locations
 
     changes = platform.store.apply_changes(loaded, replace=args.replace,

@@ -11,17 +11,22 @@ from lakehouse.platform import Platform
 
 def cmd_sql(args) -> int:
     from lakehouse.lineage.sql_import import SqlImportError, import_sql
-    from lakehouse.metadata.loader import load_metadata
+    from lakehouse.metadata.loader import BoundedReader, RefusedFile, load_metadata
+    from lakehouse.settings import MetadataLimits, current
     from lakehouse.sqlparse import SqlParseError
 
     path = Path(args.file)
-    if not path.is_file():
+    if not (path.exists() or path.is_symlink()):
         print(f"error: no such SQL file {path}", file=sys.stderr)
         return 2
     platform = None if args.metadata else Platform.from_env()
-    catalog = load_metadata(args.metadata).catalog if args.metadata else platform.catalog()
-    try:
-        text = path.read_text(encoding="utf-8")
+    limits = platform.settings if platform is not None else current(MetadataLimits)
+    catalog = load_metadata(args.metadata, limits=limits).catalog if args.metadata else platform.catalog()
+    try:  # a regular file within the metadata limits (a FIFO would block, a huge file exhaust memory)
+        text = BoundedReader(limits).read(path).decode("utf-8")
+    except RefusedFile as exc:
+        print(f"error: {path}: {exc}", file=sys.stderr)
+        return 2
     except UnicodeDecodeError as exc:
         print(f"error: {path}: not UTF-8 text: {exc}", file=sys.stderr)
         return 2

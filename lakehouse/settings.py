@@ -117,6 +117,24 @@ class PathSettings(_Section):
                                           "is owner-only; `027` lets the group read")
 
 
+class MetadataLimits(_Section):
+    """Bounds on what `lakehouse metadata validate` and `apply` read: a file over a limit, one that is
+    not a regular file (a FIFO, a device) or YAML whose aliases expand past the budget is refused by
+    name before it is parsed, so metadata cannot exhaust the machine's memory or hang a command."""
+
+    metadata_max_file_bytes: int = Field(default=32 * 1024**2, ge=1,
+                                         description="bytes of one metadata file (YAML, or a stage's SQL file); "
+                                                     "1,000 pipelines are about 2 MB of YAML")
+    metadata_max_bytes: int = Field(default=64 * 1024**2, ge=1,
+                                    description="bytes of every file of a metadata directory together (parsed "
+                                                "and validated metadata takes about 50 times its size in memory)")
+    metadata_max_files: int = Field(default=10_000, ge=1, description="YAML files in a metadata directory")
+    metadata_max_alias_nodes: int = Field(default=100_000, ge=0,
+                                          description="YAML nodes the aliases (`*name`) of one file may add when "
+                                                      "expanded (a \"billion laughs\" adds billions); `0` refuses "
+                                                      "aliases")
+
+
 class CatalogSettings(_Section):
     """The Iceberg catalog Spark's JdbcCatalog and PyIceberg's SqlCatalog share, and S3."""
 
@@ -293,15 +311,15 @@ class FaultHooks(_Section):
 
 #: (section title, section class) in the order the README's table lists them
 SECTIONS: tuple[tuple[str, type[BaseSettings]], ...] = (
-    ("Paths", PathSettings), ("Iceberg catalog and S3", CatalogSettings), ("Spark", SparkSettings),
-    ("DataHub", DataHubSettings), ("Load service", ServiceSettings),
+    ("Paths", PathSettings), ("Metadata limits", MetadataLimits), ("Iceberg catalog and S3", CatalogSettings),
+    ("Spark", SparkSettings), ("DataHub", DataHubSettings), ("Load service", ServiceSettings),
     ("Load client (seed 000)", LoadClientSettings), ("Runs", RunSettings),
     ("Dagster", DagsterSettings), ("Test hooks", FaultHooks),
 )
 
 
-class PlatformSettings(PathSettings, CatalogSettings, SparkSettings, DataHubSettings, ServiceSettings,
-                       LoadClientSettings, RunSettings, DagsterSettings, FaultHooks):
+class PlatformSettings(PathSettings, MetadataLimits, CatalogSettings, SparkSettings, DataHubSettings,
+                       ServiceSettings, LoadClientSettings, RunSettings, DagsterSettings, FaultHooks):
     """Every setting of the platform; see the module docstring and README.md's table."""
 
     model_config = _CONFIG

@@ -207,10 +207,74 @@ def to_duckdb(sql: str) -> str:
         tree = sqlglot.parse_one(sql, read=DIALECT)
     except SqlglotError as exc:
         raise DuckdbSqlError(f"cannot parse the SQL: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(tree, exp.Query):
+        raise DuckdbSqlError(f"is a {_kind(tree)}, not one query: a DuckDB SQL stage's SQL is one SELECT over "
+                             "lake tables")
+    refuse_external_access(tree)
     _refuse_unknown_functions(tree, _STAGE_FALLBACK)
     _refuse_unnamed_outputs(tree)
     _refuse_divergent(tree, _STAGE_FALLBACK)
     return _duckdb_text(tree, _STAGE_FALLBACK)
+
+
+#: DuckDB functions (of DuckDB 1.4 and its extensions) that read files, URLs, other databases or
+#: secrets, load or list extensions, or show the engine's settings, catalog and environment; and the
+#: prefixes of their families. SQL from metadata that DuckDB runs (a `sql_engine: duckdb` stage, a
+#: rule on the Arrow engine) reads the run's pinned tables only: such a call is refused here, when the
+#: metadata is validated and again when the SQL is transpiled for a run. (The connection itself has
+#: external access off, lakehouse.sources.duckdb_sql.connect: this names the call before a run.)
+DUCKDB_EXTERNAL_FUNCTIONS = frozenset({
+    "glob", "query", "query_table", "current_setting", "getenv", "which_secret", "checkpoint", "force_checkpoint",
+    "enable_logging", "disable_logging", "truncate_duckdb_logs", "enable_profile", "disable_profile",
+    "in_search_path", "extension_versions", "seq_scan", "summary", "test_all_types", "test_vector_types",
+    "python_map_function", "arrow_scan", "arrow_scan_dumb", "pandas_scan", "csv_scan", "json_scan", "icu_calendar_names",
+    "pg_timezone_names", "load_extension", "install_extension", "to_file", "copy", "attach", "detach",
+})
+DUCKDB_EXTERNAL_PREFIXES = ("read_", "duckdb_", "pragma_", "parquet_", "iceberg_", "delta_", "sqlite_", "postgres_",
+                            "mysql_", "json_execute", "sniff_", "httpfs", "http_", "s3_", "azure_", "gcs_", "excel_",
+                            "st_read", "spatial_", "ducklake_", "uc_", "vss_", "fts_")
+#: table functions such SQL may call in FROM: they make rows from their arguments and read nothing
+DUCKDB_TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest", "explode", "posexplode", "inline", "stack"})
+#: a table name DuckDB takes for a table, never for a file (`FROM 'data.csv'` reads the file)
+_PLAIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _function_name(node: exp.Func) -> str:
+    return (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
+
+
+def external_access(tree: exp.Expression) -> str | None:
+    """What in `tree` (parsed Spark SQL that DuckDB will run) reads outside the tables it is given,
+    or None: a file, URL, database, extension or settings function anywhere, a table function in FROM
+    that is not a row generator, or a table named like a file (DuckDB reads `FROM 'x.csv'`)."""
+    for fn in tree.find_all(exp.Func):
+        name = _function_name(fn)
+        if name in DUCKDB_EXTERNAL_FUNCTIONS or name.startswith(DUCKDB_EXTERNAL_PREFIXES):
+            return (f"calls {name}(), which reads files, URLs, extensions or settings outside the run's tables: "
+                    "SQL that DuckDB runs reads lake tables only. Fix: read the data through a source and a stage")
+    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
+    for table in tree.find_all(exp.Table):
+        if isinstance(table.this, exp.Func):
+            name = _function_name(table.this)
+            if name not in DUCKDB_TABLE_FUNCTIONS:
+                return (f"reads FROM the table function {name}(): SQL that DuckDB runs reads lake tables (and "
+                        f"the row generators {', '.join(sorted(DUCKDB_TABLE_FUNCTIONS))}) only")
+            continue
+        parts = [p.name for p in table.parts]
+        if parts and parts[-1].lower() in ctes and len(parts) == 1:
+            continue
+        odd = next((p for p in parts if not _PLAIN_NAME.match(p)), None)
+        if odd is not None:
+            return (f"reads FROM {table.sql(dialect=DIALECT)}, a name DuckDB may take for a file or URL ({odd!r} "
+                    "is not a plain identifier): SQL that DuckDB runs reads lake tables only")
+    return None
+
+
+def refuse_external_access(tree: exp.Expression) -> None:
+    """DuckdbSqlError naming what in `tree` reads outside its tables (`external_access`)."""
+    problem = external_access(tree)
+    if problem:
+        raise DuckdbSqlError(problem)
 
 
 def _refuse_unknown_functions(tree: exp.Expression, fallback: str) -> None:
@@ -248,6 +312,7 @@ def expression_to_duckdb(expression: str) -> str:
         tree = sqlglot.parse_one(expression, read=DIALECT, into=exp.Condition)
     except SqlglotError as exc:
         raise DuckdbSqlError(f"cannot parse the expression: {str(exc).splitlines()[0]}") from exc
+    refuse_external_access(tree)
     varying = sorted({type(n).__name__.lower() for n in tree.find_all(*_NONDETERMINISTIC)})
     if varying:
         raise DuckdbSqlError(f"{', '.join(varying)}() answer differently on every evaluation, so the failing rows "

@@ -113,7 +113,7 @@ def test_quoted_unicode_and_keyword_identifiers_are_read_as_columns(expression, 
     ("(SELECT 1) = 1", "not a statement or subquery"),
     ("EXISTS (SELECT * FROM bronze.sales)", "not a statement or subquery"),
     ("count(*) > 0", "row-level expression"),
-    ("read_csv('/etc/passwd') IS NOT NULL", "is not valid here"),
+    ("read_csv('/etc/passwd') IS NOT NULL", "cannot be evaluated without Spark: calls read_csv"),
     ("getvariable('x') IS NULL", "cannot be evaluated without Spark"),
     ("current_setting('TimeZone') = 'UTC'", "cannot be evaluated without Spark"),
     ("`no such` > 0", "is not valid here"),
@@ -133,12 +133,17 @@ def test_a_hostile_rule_expression_is_refused_when_the_metadata_is_loaded(expres
 
 
 def test_a_stage_reading_a_file_fails_naming_it_and_writes_nothing(lake, tmp_path):  # noqa: F811
-    """SQL that gets past the static checks but reads a file: DuckDB (no external access) refuses
-    it at run time; the stage fails, no table, branch or row is made."""
+    """SQL that reads a file is refused when the metadata is validated (issue 40), naming the stage's
+    field and the function; stored anyway (a row written past the checks), the run refuses it with the
+    same check before DuckDB (no external access either) would: the stage fails, no table is made."""
     apply(lake, tmp_path)
     path = tmp_path / "meta.yaml"
     path.write_text(path.read_text().replace("FROM bronze.sales WHERE", "FROM bronze.sales, read_csv('/etc/passwd') AS p WHERE"))
-    lake.store.apply(load_metadata(path))
+    with pytest.raises(MetadataError, match=r"meta.yaml: stages\[1\].sql_engine: .*calls read_csv\(\)"):
+        load_metadata(path)
+    stage = lake.store.load().stage("sales", "by_country")
+    lake.store.upsert([stage.model_copy(update={"transformation": stage.transformation.replace(
+        "FROM bronze.sales WHERE", "FROM bronze.sales, read_csv('/etc/passwd') AS p WHERE")})])
     land(lake, "a", [sale(i, "de") for i in range(1, 5)])
     assert run_stage(lake, "ingest", "r1").published
     with pytest.raises(Exception, match="(?i)external access|read_csv|permission"):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,6 +26,7 @@ from lakehouse.iceberg import ddl_type, quote, retry_metadata_commit
 from lakehouse.ingest.files import EMPTY, PROCESSED, QUARANTINED, FileRef
 from lakehouse.ingest.probe import FileProbe, probe_file
 from lakehouse.ingest.reconcile import FAIL, QUARANTINE, Decision, compare, merge, reconcile_files, vote
+from lakehouse.metadata.spark_types import parse_ddl_type as _parse_ddl_type
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -150,15 +150,6 @@ def _conform_col(col: Column, have: DataType, want: DataType) -> Column:
 # --------------------------------------------------------------------------- preparing a run's files
 
 
-_SIMPLE_TYPES = {"string": "StringType", "varchar": "StringType", "char": "StringType", "bigint": "LongType",
-                 "long": "LongType", "int": "IntegerType", "integer": "IntegerType", "smallint": "ShortType",
-                 "short": "ShortType", "tinyint": "ByteType", "byte": "ByteType", "double": "DoubleType",
-                 "float": "FloatType", "real": "FloatType", "boolean": "BooleanType", "bool": "BooleanType",
-                 "date": "DateType", "timestamp": "TimestampType", "timestamp_ltz": "TimestampType",
-                 "timestamp_ntz": "TimestampNTZType", "binary": "BinaryType"}
-_TOKEN = re.compile(r"\s*(`(?:[^`]|``)*`|[A-Za-z_][A-Za-z0-9_]*|\d+|[<>(),:])")
-
-
 def _parse_type(text: str) -> DataType:
     """A declared column type in Spark SQL DDL (`bigint`, `decimal(10,2)`, `array<struct<a:int>>`),
     parsed in plain Python: pyspark's own parser needs a JVM, which the Arrow engine does not start.
@@ -182,76 +173,6 @@ def _parse_type(text: str) -> DataType:
             # a column type, like the one grammar here, it is not
             raise ValueError(f"cannot parse type {text!r}: a list of fields, not one type") from None
         return parsed
-
-
-def _parse_ddl_type(text: str) -> DataType:
-    from pyspark.sql import types as T
-
-    tokens = _TOKEN.findall(text)
-    if _TOKEN.sub("", text).strip():  # characters no token covers
-        raise ValueError(f"cannot parse type {text!r}")
-    pos = 0
-
-    def take(expected: str | None = None) -> str:
-        nonlocal pos
-        if pos >= len(tokens) or (expected is not None and tokens[pos].lower() != expected):
-            raise ValueError(f"cannot parse type {text!r}: expected {expected or 'more'} at token {pos + 1}")
-        pos += 1
-        return tokens[pos - 1]
-
-    def name() -> str:
-        tok = take()
-        return tok[1:-1].replace("``", "`") if tok.startswith("`") else tok
-
-    def one() -> DataType:
-        word = take().lower()
-        if word in _SIMPLE_TYPES:
-            if word in ("varchar", "char") and pos < len(tokens) and tokens[pos] == "(":
-                take("("), take(), take(")")
-            return getattr(T, _SIMPLE_TYPES[word])()
-        if word in ("decimal", "dec", "numeric"):
-            if pos < len(tokens) and tokens[pos] == "(":
-                take("(")
-                p = int(take())
-                s = 0
-                if tokens[pos] == ",":
-                    take(",")
-                    s = int(take())
-                take(")")
-                return T.DecimalType(p, s)
-            return T.DecimalType(10, 0)
-        if word == "array":
-            take("<")
-            elem = one()
-            take(">")
-            return T.ArrayType(elem, True)
-        if word == "map":
-            take("<")
-            k = one()
-            take(",")
-            v = one()
-            take(">")
-            return T.MapType(k, v, True)
-        if word == "struct":
-            take("<")
-            fields = []
-            while tokens[pos] != ">":
-                n = name()
-                take(":")
-                fields.append(T.StructField(n, one(), True))
-                if tokens[pos] == ",":
-                    take(",")
-            take(">")
-            return T.StructType(fields)
-        raise ValueError(f"cannot parse type {text!r}: unknown type {word!r}")
-
-    try:
-        out = one()
-    except IndexError:
-        raise ValueError(f"cannot parse type {text!r}: it ends too early") from None
-    if pos != len(tokens):
-        raise ValueError(f"cannot parse type {text!r}: unexpected {tokens[pos]!r}")
-    return out
 
 
 def _reference(table: StructType | None, declared: StructType | None) -> StructType | None:

@@ -2,11 +2,18 @@
 
 Every error names the file, the key path inside it and the reason, and a directory is
 accepted or rejected as a unit, so `metadata apply` never half-applies anything.
+
+What is read is bounded (issue 40, `lakehouse.settings.MetadataLimits`): only regular files (a FIFO
+would block the reader for ever, a device never ends), each under a size limit and all of them under
+another, at most so many files, and YAML aliases may add only so many nodes when expanded (a "billion
+laughs" of nested aliases is nine lines that expand to a billion values). Each limit is checked
+before the file is parsed, so validation needs memory in proportion to its input.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +23,7 @@ from pydantic import ValidationError
 
 from lakehouse.metadata.engine_support import entity_raw_blockers
 from lakehouse.metadata.model import SECTIONS, Entity, MetadataCatalog, Stage
+from lakehouse.settings import MetadataLimits, current, env_name
 
 
 class MetadataError(ValueError):
@@ -71,12 +79,145 @@ def _loc(loc: tuple) -> str:
     return out
 
 
-def metadata_files(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
+class RefusedFile(ValueError):
+    """A file `BoundedReader` refuses (the message says why; the caller names the file)."""
+
+
+#: what a path that is not a regular file is, for the message
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _not_regular(mode: int) -> str | None:
+    if stat.S_ISREG(mode):
+        return None
+    what = next((kind for test, kind in _KINDS if test(mode)), "a special file")
+    return f"{what}, not a regular file: metadata is read from regular files only. Fix: remove it or rename it"
+
+
+class BoundedReader:
+    """Reads the files of one metadata directory within `MetadataLimits`: regular files only, each at
+    most `metadata_max_file_bytes`, all together at most `metadata_max_bytes`. A refused file raises
+    `RefusedFile` before anything of it is parsed."""
+
+    def __init__(self, limits: MetadataLimits):
+        self.limits = limits
+        self.total = 0
+
+    def read(self, path: Path) -> bytes:
+        cap = self.limits.metadata_max_file_bytes
+        try:  # stat first: a FIFO or a device is never opened
+            why = _not_regular(os.stat(path).st_mode)
+            if why:
+                raise RefusedFile(why)
+            # O_NONBLOCK: should a FIFO replace the file between the stat and the open, the open does not wait
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        except OSError as exc:
+            raise RefusedFile(f"cannot be read: {exc.strerror or exc}") from None
+        try:
+            st = os.fstat(fd)
+            why = _not_regular(st.st_mode)
+            if why:
+                raise RefusedFile(why)
+            self._check(st.st_size)
+            chunks, size = [], 0
+            while size <= cap:  # the file may grow while it is read: never more than the limit and a byte
+                chunk = os.read(fd, min(1024**2, cap + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            self._check(size)
+            self.total += size
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def _check(self, size: int) -> None:
+        cap = self.limits.metadata_max_file_bytes
+        if size > cap:
+            raise RefusedFile(f"{size:,} bytes, over the limit of {cap:,} bytes for one metadata file "
+                              f"({env_name('metadata_max_file_bytes')}). Fix: split it into several files, or raise "
+                              "the limit")
+        if self.total + size > self.limits.metadata_max_bytes:
+            raise RefusedFile(f"with this file the metadata read reaches {self.total + size:,} bytes, over the limit "
+                              f"of {self.limits.metadata_max_bytes:,} bytes for all metadata files together "
+                              f"({env_name('metadata_max_bytes')}). Fix: apply the directory in parts, or raise the "
+                              "limit")
+
+
+def _node_children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return node.value
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _check_aliases(root: yaml.Node, budget: int) -> None:
+    """Refuses a composed YAML document whose aliases, expanded, add more than `budget` nodes to the
+    ones written, or refer to themselves. The composer shares an aliased node; Python objects built
+    from it are copied downstream (validation, JSON), so the expanded size is what costs memory. It
+    is counted over the node graph once per node (memoised), never by expanding."""
+    size: dict[int, int] = {}
+    open_: set[int] = set()  # the nodes on the current path
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            size[key] = 1 + sum(size[id(c)] for c in _node_children(node))
+            open_.discard(key)
+            continue
+        if key in size:
+            continue
+        open_.add(key)
+        stack.append((node, True))
+        for child in _node_children(node):
+            if id(child) in open_:
+                line = child.start_mark.line + 1 if child.start_mark else "?"
+                raise RefusedFile(f"line {line}: a YAML alias refers to a node that contains it (a recursive "
+                                  "structure); metadata is a tree. Fix: write the values out")
+            if id(child) not in size:
+                stack.append((child, False))
+    added = size[id(root)] - len(size)
+    if added > budget:
+        raise RefusedFile(f"its YAML aliases expand {len(size):,} written nodes by {added:,}, over the limit of "
+                          f"{budget:,} ({env_name('metadata_max_alias_nodes')}): nested aliases (a \"billion laughs\") "
+                          "would exhaust memory. Fix: write the values out, or raise the limit")
+
+
+def parse_yaml(text: str, limits: MetadataLimits) -> Any:
+    """One YAML document: duplicate keys refused, aliases within `limits.metadata_max_alias_nodes`."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if "&" in text:  # an alias needs an anchor, and an anchor is written `&name`: none, nothing to count
+            _check_aliases(node, limits.metadata_max_alias_nodes)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def metadata_files(path: Path, limits: MetadataLimits | None = None) -> list[Path]:
+    """The YAML files of a metadata directory (at most `metadata_max_files`), or the one file `path`
+    (whatever kind of file it is: the reader refuses what is not a regular file, naming it)."""
     if not path.is_dir():
-        raise MetadataError([f"{path}: no such metadata file or directory"])
-    return sorted(p for p in path.rglob("*") if p.suffix in (".yaml", ".yml"))
+        if not (path.exists() or path.is_symlink()):
+            raise MetadataError([f"{path}: no such metadata file or directory"])
+        return [path]
+    cap = (limits or current(MetadataLimits)).metadata_max_files
+    found: list[Path] = []
+    for p in path.rglob("*"):
+        if p.suffix in (".yaml", ".yml"):
+            found.append(p)
+            if len(found) > cap:
+                raise MetadataError([f"{path}: more than {cap:,} YAML files, over the limit of "
+                                     f"{env_name('metadata_max_files')}. Fix: apply the directory in parts, or "
+                                     "raise the limit"])
+    return sorted(found)
 
 
 def confined_file(root: Path, base: Path, value: str, what: str) -> tuple[Path | None, str | None]:
@@ -100,26 +241,33 @@ def confined_file(root: Path, base: Path, value: str, what: str) -> tuple[Path |
     return real, None
 
 
-def load_metadata(path: str | Path, *, check_refs: bool = True, live=None) -> LoadedMetadata:
+def load_metadata(path: str | Path, *, check_refs: bool = True, live=None,
+                  limits: MetadataLimits | None = None) -> LoadedMetadata:
     """Parse and validate every YAML file under `path` into one catalog.
 
     With check_refs=False only each row is validated (plus duplicate keys): `metadata apply` of a
     file that refers to rows already in the control DB is checked against the merged catalog instead.
     `live` (identifier -> {column: type}) lets the static checks use tables that already exist.
+    `limits`: what may be read (default: the environment's, `lakehouse.settings.MetadataLimits`).
     Reads only: nothing is written anywhere.
     """
+    limits = limits or current(MetadataLimits)
+    reader = BoundedReader(limits)
     root = Path(path)
     root_dir = root if root.is_dir() else root.parent
     problems: list[str] = []
     rows: dict[str, list[tuple[Entity, Origin]]] = {s: [] for s in SECTIONS}
-    for f in metadata_files(root):
+    for f in metadata_files(root, limits):
         rel = str(f)
         if root.is_dir() and not f.resolve().is_relative_to(root_dir.resolve()):
             problems.append(f"{rel}: a symlink to {f.resolve()}, outside the metadata directory {root_dir}; "
                             "copy the file into the directory instead")
             continue
         try:
-            doc = yaml.load(f.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - safe subclass
+            doc = parse_yaml(reader.read(f).decode("utf-8"), limits)
+        except RefusedFile as exc:
+            problems.append(f"{rel}: {exc}")  # a file over a limit is not read: the next ones may be
+            continue
         except yaml.YAMLError as exc:
             problems.append(f"{rel}: YAML error: {exc}")
             continue
@@ -150,11 +298,13 @@ def load_metadata(path: str | Path, *, check_refs: bool = True, live=None) -> Lo
                     sql_path, why = confined_file(root_dir, f.parent, value, "transformation_file")
                     if why is None and sql_path.suffix.lower() != ".sql":
                         why = f"{value!r} is not a .sql file; transformation_file names the stage's SQL file"
-                    if why is None and not sql_path.is_file():
+                    if why is None and not sql_path.exists():
                         why = f"no such file {sql_path}"
                     if why is None:
                         try:
-                            item["transformation"] = sql_path.read_text(encoding="utf-8")
+                            item["transformation"] = reader.read(sql_path).decode("utf-8")
+                        except RefusedFile as exc:
+                            why = f"{sql_path}: {exc}"
                         except UnicodeDecodeError as exc:
                             why = f"{sql_path} is not UTF-8 text: {exc}"
                     if why is not None:

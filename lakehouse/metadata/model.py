@@ -34,6 +34,31 @@ def check_ident(value: str, what: str) -> str:
     return value
 
 
+#: what SQL injection through a quoted identifier needs: to close the quote, end the statement or
+#: comment out the rest (and control characters, which no name needs)
+_HOSTILE_IN_NAME = re.compile(r"[`'\"\\;\x00-\x1f\x7f]|--|/\*|\*/")
+
+
+def check_column(value: str, what: str) -> str:
+    """A column name from metadata (a merge key, a rule's column, a declared column). Names that
+    databases and files carry stay valid — spaces, parentheses, commas, '=' (the platform quotes every
+    name it puts in SQL) — but not a quote character, ';', a comment marker or a control character,
+    which no real column needs and which only serve to break out of a quoted name."""
+    if not value or value != value.strip() or len(value) > 255:
+        raise ValueError(f"{what} {value!r} is not a column name (empty, at most 255 characters, no leading or "
+                         "trailing space)")
+    bad = _HOSTILE_IN_NAME.search(value)
+    if bad:
+        raise ValueError(f"{what} {value!r} is not a column name the platform accepts: it contains "
+                         f"{bad.group()!r} (quotes, backslash, ';', '--', '/*', '*/' and control characters are "
+                         "refused in column names)")
+    return value
+
+
+def check_columns(values: list[str], what: str) -> list[str]:
+    return [check_column(v, f"{what}[{i}]") for i, v in enumerate(values)]
+
+
 def check_id(value: str, what: str = "id") -> str:
     if not ID_RE.match(value):
         raise ValueError(f"{what} {value!r} may only contain letters, digits, '_', '.', ':' and '-'")
@@ -256,6 +281,18 @@ class ColumnSpec(BaseModel):
     type: str = Field(description="Spark SQL type, e.g. string, bigint, timestamp, decimal(10,2)")
     nullable: bool = True
     doc: str | None = None
+
+    _v_name = field_validator("name")(lambda cls, v: check_column(v, "column name"))
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, v: str) -> str:
+        from lakehouse.metadata.spark_types import type_problem  # the ingestion's own grammar
+
+        problem = type_problem(v)
+        if problem:
+            raise ValueError(f"{problem}: a Spark SQL type, e.g. string, bigint, decimal(10,2), array<string>")
+        return v
 
 
 class FileLimits(BaseModel):
@@ -520,6 +557,7 @@ class Target(Entity):
     warehouse_table: str | None = None
 
     _v_id = field_validator("target_id")(lambda cls, v: check_id(v, "target_id"))
+    _v_keys = field_validator("merge_keys")(lambda cls, v: check_columns(v, "merge_keys"))
 
     @model_validator(mode="after")
     def _kind_fields(self) -> Target:
@@ -599,6 +637,9 @@ class Rule(BaseModel):
     ref_columns: list[str] = Field(default_factory=list)
 
     _v_name = field_validator("name")(lambda cls, v: check_ident(v, "rule name"))
+    _v_column = field_validator("column")(lambda cls, v: v if v is None else check_column(v, "column"))
+    _v_columns = field_validator("columns")(lambda cls, v: check_columns(v, "columns"))
+    _v_ref_columns = field_validator("ref_columns")(lambda cls, v: check_columns(v, "ref_columns"))
 
     @model_validator(mode="after")
     def _required(self) -> Rule:
