@@ -122,7 +122,7 @@ def isolate(ctx: StageContext, files: list[FileRef], reader: FileReader, error: 
         if f.key in failing and (why := gone_or_changed(f)) is not None:
             deferred[f.key] = why
             del failing[f.key]
-    out = Isolated([f for f in rest if f.key not in failing and f.key not in deferred])
+    out = Isolated([f for f in rest if f.key not in failing and f.key not in deferred], deferred=deferred)
     if not failing and not deferred:
         raise error
     if deferred:
