@@ -177,7 +177,7 @@ def quarantine_input(ctx: ActionContext) -> ActionResult:
     if gone:
         note_deferred_files(ctx.runner, [f for f in files if f.key in gone], gone)
         ctx.state.skipped_files.update(gone)
-    bad = [f for f in _corrupt_files(ctx, [f for f in files if f.key not in gone])]
+    bad = _corrupt_files(ctx, [f for f in files if f.key not in gone])
     if not bad:
         if gone:
             return ActionResult("applied", f"left {', '.join(sorted(gone))} for the next run (vanished or changed)",
