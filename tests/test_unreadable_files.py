@@ -417,3 +417,13 @@ def test_arrow_a_flickering_file_never_fails_the_run(lake, tmp_path, unique_ns):
 @pytest.mark.slow
 def test_spark_a_flickering_file_never_fails_the_run(platform, tmp_path, unique_ns):
     _flicker_case(platform, tmp_path, unique_ns, "spark")
+
+
+def test_the_run_summary_shows_quarantined_and_deferred_files_and_where_to_read_why():
+    from lakehouse.run_summary import RunSummary, StageReport
+
+    s = StageReport("bronze/events", "p.ingest", materialized=True, rows_written=3, files_quarantined=2,
+                    files_deferred=1)
+    text = RunSummary("r1", "p", [s]).table()
+    assert "files q." in text and "files quarantined: 2" in text and "--event file_quarantined" in text
+    assert "left for the next run" in text and "--event file_deferred" in text
