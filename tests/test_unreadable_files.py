@@ -427,3 +427,25 @@ def test_the_run_summary_shows_quarantined_and_deferred_files_and_where_to_read_
     text = RunSummary("r1", "p", [s]).table()
     assert "files q." in text and "files quarantined: 2" in text and "--event file_quarantined" in text
     assert "left for the next run" in text and "--event file_deferred" in text
+
+
+def _only_bad_files_case(platform, tmp_path, ns, engine):
+    """Every file of the run unreadable: the run still ends well, quarantines them, leaves no branch."""
+    ident = setup(platform, tmp_path, ns, engine)
+    corrupt_parquet(landing(platform) / "a_corrupt.parquet", "page_header_garbage")
+    corrupt_parquet(landing(platform) / "b_corrupt.parquet", "corrupt_compressed_page")
+    runner, outcome = run(platform)
+    assert outcome.published
+    assert_quarantined(platform, ident, runner, outcome, {"a_corrupt.parquet": "unreadable",
+                                                          "b_corrupt.parquet": "unreadable"})
+    if platform.pyiceberg_catalog().table_exists(ident):
+        assert ids(platform, ident) == [] and refs(platform, ident) <= {"main"}
+
+
+def test_arrow_a_run_of_only_unreadable_files_quarantines_them_all(lake, tmp_path, unique_ns):
+    _only_bad_files_case(lake, tmp_path, unique_ns, "arrow")
+
+
+@pytest.mark.slow
+def test_spark_a_run_of_only_unreadable_files_quarantines_them_all(platform, tmp_path, unique_ns):
+    _only_bad_files_case(platform, tmp_path, unique_ns, "spark")

@@ -85,11 +85,12 @@ def _read_file(source: Source, path: str, own: pa.Schema, name: str | None = Non
                                parse_options=pjson.ParseOptions(explicit_schema=pa.schema(types.items()),
                                                                 unexpected_field_behavior="ignore"))
     # CSV: the names in file order (the probe's header), RFC 4180 quotes, quoted newlines, "" is NULL
-    return pcsv.read_csv(
-        pa.input_stream(path, compression=codec) if codec else path, read_options=pcsv.ReadOptions(column_names=own.names, skip_rows=1 if source.csv_header else 0),
-        parse_options=pcsv.ParseOptions(newlines_in_values=source.options.get("csv_multiline", "true") == "true"),
-        convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=True, null_values=[""],
-                                            quoted_strings_can_be_null=False))
+    with pa.input_stream(path, compression=codec) as stream:  # codec None: the file as it is
+        return pcsv.read_csv(
+            stream, read_options=pcsv.ReadOptions(column_names=own.names, skip_rows=1 if source.csv_header else 0),
+            parse_options=pcsv.ParseOptions(newlines_in_values=source.options.get("csv_multiline", "true") == "true"),
+            convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=True, null_values=[""],
+                                                quoted_strings_can_be_null=False))
 
 
 def read_prepared(prepared: PreparedFiles, files: list[FileRef], object_uri: Callable[[FileRef], str] | None
