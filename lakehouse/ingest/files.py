@@ -55,10 +55,13 @@ def list_local_files(source: Source, landing_dir: Path) -> list[FileRef]:
             continue
         if not fnmatch.fnmatch(rel, source.glob) and not fnmatch.fnmatch(p.name, source.glob):
             continue
-        if refused:
-            out.append(FileRef(rel, p.lstat().st_size, local_etag(p, follow=False), None, QUARANTINED, refused))
-        else:
-            out.append(FileRef(rel, p.stat().st_size, local_etag(p), str(p)))
+        try:
+            if refused:
+                out.append(FileRef(rel, p.lstat().st_size, local_etag(p, follow=False), None, QUARANTINED, refused))
+            else:
+                out.append(FileRef(rel, p.stat().st_size, local_etag(p), str(p)))
+        except FileNotFoundError:  # gone since the directory was read: not there for this run
+            continue
     return out
 
 
