@@ -16,7 +16,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lakehouse.metadata.model import MetadataCatalog, Pipeline, Rule, Source, Stage, Target
 
@@ -93,6 +93,18 @@ class NoRecoveryPath(RuntimeError):
         self.routes = routes or []
 
 
+class FileReader(Protocol):
+    """How an engine reads some files of a batch (lakehouse.engines.isolate asks, after a failed read)."""
+
+    def frame(self, files: list[FileRef]) -> Frame:
+        """The engine's frame over `files` (all of them readable, as far as is known)."""
+        ...
+
+    def check(self, files: list[FileRef]) -> None:
+        """Read `files` to the last value, writing nothing; raises what reading them raises."""
+        ...
+
+
 @dataclass
 class Batch:
     """One Iceberg commit's worth of input, as the frame of the engine that reads it (`engine`)."""
@@ -102,6 +114,9 @@ class Batch:
     files: list[FileRef] = field(default_factory=list)
     label: str = ""
     write: WriteSpec | None = None  # how this batch is written when not by the target's write_mode
+    #: how the engine reads `files` again (a subset of them): what finds the file a failed batch
+    #: read fails on (lakehouse.engines.isolate); None for input that is not files
+    reader: FileReader | None = None
 
     @property
     def engine(self) -> str:
@@ -221,6 +236,8 @@ class HealingState:
 
     batch_scale: float = 1.0
     quarantined_files: dict[str, str] = field(default_factory=dict)  # file key -> reason
+    #: files left for the next run (vanished or changed since the plan): key -> why; not read again
+    skipped_files: dict[str, str] = field(default_factory=dict)
     attempts: Counter = field(default_factory=Counter)  # healing_id -> attempts
     total_attempts: int = 0
     events: list[dict[str, Any]] = field(default_factory=list)

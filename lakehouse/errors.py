@@ -62,6 +62,9 @@ _JAVA_CODES: tuple[tuple[str, str], ...] = (
     ("org.apache.parquet.io.ParquetDecodingException", CORRUPT_INPUT),
     ("org.apache.parquet.io.InvalidRecordException", CORRUPT_INPUT),
     ("java.io.EOFException", CORRUPT_INPUT),
+    # a file read by a task but gone by then ([PATH_NOT_FOUND] / "File ... does not exist"): the file's
+    # problem, not the source's (lakehouse.engines.isolate leaves it for the next run)
+    ("org.apache.spark.SparkFileNotFoundException", CORRUPT_INPUT),
     ("java.net.SocketTimeoutException", TRANSIENT_IO),
     ("java.net.ConnectException", SOURCE_UNAVAILABLE),
     ("java.net.UnknownHostException", SOURCE_UNAVAILABLE),
@@ -108,6 +111,16 @@ _RULES: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
         r"FAILED_READ_FILE",
         r"Encountered error while reading file",
         r"Parquet column cannot be converted",  # one file's column has another type than the batch's
+        # a corrupt data page behind an intact footer: parquet-mr (Spark) and Arrow's parquet reader
+        r"can not read class org\.apache\.parquet\.format\.PageHeader",
+        r"Deserializing page header failed",
+        r"PageHeader: Negative length|Negative length",
+        r"Couldn't deserialize thrift",
+        r"Invalid page header",
+        r"Corrupt snappy compressed data|FAILED_TO_UNCOMPRESS",  # a page's compressed bytes (Arrow / snappy-java)
+        r"cannot read this file as its probe planned",  # the Arrow engine's read of one file
+        r"native \w+ library not available",  # a codec the JVM has no native library for (zstd)
+        r"\[PATH_NOT_FOUND\]|SparkFileNotFoundException",  # a file deleted under the read
     )),
     (SCHEMA_DRIFT, ("SchemaDrift",), (
         r"too many data columns",

@@ -69,6 +69,7 @@ class StageReport:
     rows_deleted: int | None = None
     rows_rewritten: int | None = None  # physical: rows of the data files the commits wrote
     files_quarantined: int = 0
+    files_deferred: int = 0  # vanished or changed during the run: left for the next run
     skipped_reason: str | None = None
     snapshot_id: str | None = None
     branch: str | None = None  # the audit branch kept by a failed audit
@@ -165,6 +166,9 @@ class RunSummary:
             if s.files_quarantined:
                 out.append(f"    files quarantined: {s.files_quarantined} (why: lakehouse audit --run-id "
                            f"{self.run_id} --event file_quarantined)")
+            if s.files_deferred:
+                out.append(f"    files left for the next run (vanished or changed while read): {s.files_deferred} "
+                           f"(why: lakehouse audit --run-id {self.run_id} --event file_deferred)")
             if s.skipped_reason:
                 out.append(f"    skipped: {s.skipped_reason}")
             if s.failure:

@@ -46,6 +46,7 @@ from lakehouse.core import (
     StageDisabled,
     StageOutcome,
 )
+from lakehouse.engines import isolate
 from lakehouse.engines.spark import SparkEngine
 from lakehouse.iceberg import MAIN, CatalogTables, branch_name_for_run
 from lakehouse.publish import Superseded, remainder_plan
@@ -220,7 +221,13 @@ class WriteAuditPublish:
             throttle.before_batch()
             ctx.current_batch = batch  # what evolve_schema / quarantine_input / shrink_batch look at
             faults.inject("batch", ctx, df=batch.df)  # no-op unless LAKEHOUSE_FAULTS is set
-            res = session.write(batch)
+            # a read that fails on some of the batch's files writes the batch without them (Spark reads
+            # as it writes; lakehouse.engines.isolate finds the files, quarantines or defers them)
+            written = isolate.write_isolating(ctx, batch, session.write)
+            if written is None:  # no file of the batch could be read: nothing to write
+                continue
+            res, batch = written
+            ctx.current_batch = batch
             outcome.add_write(res)
             counts = res.logical()
             ctx.log.info("%s: commit %d (%s) inserted %d, updated %d, deleted %d rows (%d written so far; the "

@@ -77,6 +77,7 @@ def summarize(events: Iterable[dg.DagsterEvent], run_id: str, job: str,
             r.rows_deleted = _int(_value(md, "rows_deleted"))
             r.rows_rewritten = _int(_value(md, "rows_rewritten"))
             r.files_quarantined = _int(_value(md, "files_quarantined")) or 0
+            r.files_deferred = _int(_value(md, "files_deferred")) or 0
             r.quarantined = _int(_value(md, "quarantined_rows")) or 0
             r.skipped_reason = _value(md, "skipped_reason")
             r.snapshot_id = _value(md, "snapshot_id")

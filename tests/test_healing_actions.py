@@ -265,3 +265,21 @@ def test_faults_are_off_unless_configured(monkeypatch):
     faults.inject("extract", None, source_id="y")  # another source: no fault
     with pytest.raises(ValueError, match="unknown fault 'typo'"):
         faults.parse("typo:x=1")
+
+
+def test_quarantine_input_leaves_a_vanished_file_for_the_next_run_instead_of_quarantining_it(runner):
+    from lakehouse.control.healing import quarantine_input
+    from lakehouse.core import Batch, FileRef
+    from lakehouse.ingest.files import local_etag
+
+    path = runner.platform.settings.landing_dir / "ha" / "gone.jsonl"
+    path.write_text('{"id": 1}\n')
+    ref = FileRef("gone.jsonl", path.stat().st_size, local_etag(path), str(path))
+    path.unlink()
+    runner.current_batch = Batch(None, {}, [ref])
+    exc = RuntimeError("[PATH_NOT_FOUND] Path does not exist: file:/x/gone.jsonl")
+    res = quarantine_input(ctx_for(runner, exc, rule(error_code="CORRUPT_INPUT", actions=["quarantine_input"])))
+    assert res.applied and res.data == {"deferred": ["gone.jsonl"]}
+    assert "gone.jsonl" not in runner.healing.quarantined_files
+    assert "vanished" in runner.healing.skipped_files["gone.jsonl"]
+    assert runner.report["deferred_files"][0]["key"] == "gone.jsonl"

@@ -32,6 +32,7 @@ from lakehouse import spark as spark_mod
 from lakehouse.control.retry import attempts_used, op_of, step_budget
 from lakehouse.core import HealingState, NoRecoveryPath, StageContext
 from lakehouse.errors import ErrorInfo, classify
+from lakehouse.ingest.files import gone_or_changed, note_deferred_files
 from lakehouse.metadata.model import HealingAction
 from lakehouse.settings import RunSettings, current
 
@@ -169,8 +170,18 @@ def quarantine_input(ctx: ActionContext) -> ActionResult:
     files = list(getattr(batch, "files", None) or [])
     if not files:
         return ActionResult("not_applicable", "no input files in the failed batch")
-    bad = [f for f in _corrupt_files(ctx, files) if f.key not in ctx.state.quarantined_files]
+    files = [f for f in files if f.key not in ctx.state.quarantined_files]
+    # a file that vanished or changed since the plan is not corrupt: left for the next run, which
+    # plans what is there then (nothing recorded for it), and skipped by the retry
+    gone = {f.key: why for f in files if (why := gone_or_changed(f)) is not None}
+    if gone:
+        note_deferred_files(ctx.runner, [f for f in files if f.key in gone], gone)
+        ctx.state.skipped_files.update(gone)
+    bad = _corrupt_files(ctx, [f for f in files if f.key not in gone])
     if not bad:
+        if gone:
+            return ActionResult("applied", f"left {', '.join(sorted(gone))} for the next run (vanished or changed)",
+                                {"deferred": sorted(gone)})
         return ActionResult("not_applicable", "no unreadable file found in the failed batch")
     for f in bad:
         ctx.state.quarantined_files[f.key] = ctx.error.code

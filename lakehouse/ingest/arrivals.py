@@ -64,7 +64,12 @@ def poll_local(platform: Platform, source, cursor: str | None, identifier: str |
     root = landing_root(source, platform.settings.landing_dir)
     files = list_local_files(source, platform.settings.landing_dir)
     # a refused symlink (status quarantined) may dangle: its own mtime, not its target's
-    stamped = [(((root / f.key).stat() if f.local_path else (root / f.key).lstat()).st_mtime_ns, f) for f in files]
+    stamped = []
+    for f in files:
+        try:
+            stamped.append((((root / f.key).stat() if f.local_path else (root / f.key).lstat()).st_mtime_ns, f))
+        except FileNotFoundError:  # gone since it was listed: not an arrival
+            continue
     seen = set(state["seen"])
     new = [(m, f) for m, f in stamped if m > state["mtime_ns"] or (m == state["mtime_ns"] and f"{f.key}@{f.etag}" not in seen)]
     if not new:

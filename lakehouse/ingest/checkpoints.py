@@ -31,6 +31,8 @@ from lakehouse.ingest.files import (
     PROCESSED,
     QUARANTINED,
     FileRef,
+    gone_or_changed,
+    note_deferred_files,
 )
 from lakehouse.metadata.schema import checkpoint_marks, file_checkpoints
 
@@ -252,7 +254,6 @@ def read_batch(runner: StageContext, spark: SparkSession, source: Source, chunk:
     unreadable or unfitting one as `quarantined` (checkpoint table + audit_log), and the rest of
     the batch proceeds.
     """
-    from pyspark.sql import functions as F
 
     from lakehouse.ingest.prepare import prepare_files
 
@@ -262,9 +263,17 @@ def read_batch(runner: StageContext, spark: SparkSession, source: Source, chunk:
     checked, good = checked_files(runner, chunk)
     if not good:
         return None, checked, []
+    return spark_frame(spark, source, good, prepared, object_uri), checked, []
+
+
+def spark_frame(spark: SparkSession, source: Source, good: list[FileRef], prepared: PreparedFiles,
+                object_uri: Callable[[FileRef], str] | None = None) -> DataFrame:
+    """Spark's frame over loadable prepared files, with the lineage columns the source asks for."""
+    from pyspark.sql import functions as F
+
     df = prepared.read(spark, good)
     if not source.lineage_columns:
-        return df, checked, []
+        return df
     staged = {f.local_path: f for f in good if f.local_path and f.local_path != f.key and "://" not in f.local_path}
     if staged and object_uri is not None:
         # staged copies have opaque names: report the object each row came from
@@ -276,8 +285,7 @@ def read_batch(runner: StageContext, spark: SparkSession, source: Source, chunk:
         df = df.withColumn("_source_file", F.element_at(F.create_map(*pairs), F.input_file_name()))
     else:
         df = df.withColumn("_source_file", F.input_file_name())
-    df = df.withColumn("_ingested_at", F.current_timestamp())
-    return df, checked, []
+    return df.withColumn("_ingested_at", F.current_timestamp())
 
 
 def checked_files(runner: StageContext, chunk: list[FileRef]) -> tuple[list[FileRef], list[FileRef]]:
@@ -285,7 +293,11 @@ def checked_files(runner: StageContext, chunk: list[FileRef]) -> tuple[list[File
     quarantined); whichever engine reads the chunk (Spark here, lakehouse.engines.arrow) calls this."""
     faults.inject("before_batch" if not runner.batches_read else "after_branch_commit")
     runner.batches_read += 1
-    checked = list(chunk)
+    gone = {f.key: why for f in chunk if (why := gone_or_changed(f)) is not None}
+    if gone:  # vanished or rewritten since the plan: left for the next run, not recorded
+        note_deferred_files(runner, [f for f in chunk if f.key in gone], gone)
+        runner.healing.skipped_files.update(gone)
+    checked = [f for f in chunk if f.key not in gone]
     unread = [f for f in checked if f.status != PROCESSED]
     if unread:
         note_unread_files(runner, unread)
@@ -319,6 +331,10 @@ def ingest_metadata(runner: StageContext) -> dict:
         md["quarantined_file_errors"] = json.dumps(q[:50])
     if report.get("empty_files"):
         md["empty_files"] = len(report["empty_files"])
+    deferred = report.get("deferred_files") or []
+    if deferred:  # vanished or changed during the run: the next run reads them as they are then
+        md["files_deferred"] = len(deferred)
+        md["deferred_file_reasons"] = json.dumps(deferred[:50])
     if report.get("schema_changes"):  # new columns / widenings applied before the write
         md["schema_changes"] = report["schema_changes"]
     if report.get("schema_notes"):  # per loaded file: what it lacked (NULL) or was cast

@@ -17,6 +17,8 @@ from lakehouse.metadata.model import Source
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from lakehouse.core import StageContext
+
 CHECKPOINT_PROPERTY = "lakehouse.files"
 
 
@@ -53,11 +55,48 @@ def list_local_files(source: Source, landing_dir: Path) -> list[FileRef]:
             continue
         if not fnmatch.fnmatch(rel, source.glob) and not fnmatch.fnmatch(p.name, source.glob):
             continue
-        if refused:
-            out.append(FileRef(rel, p.lstat().st_size, local_etag(p, follow=False), None, QUARANTINED, refused))
-        else:
-            out.append(FileRef(rel, p.stat().st_size, local_etag(p), str(p)))
+        try:
+            if refused:
+                out.append(FileRef(rel, p.lstat().st_size, local_etag(p, follow=False), None, QUARANTINED, refused))
+            else:
+                out.append(FileRef(rel, p.stat().st_size, local_etag(p), str(p)))
+        except FileNotFoundError:  # gone since the directory was read: not there for this run
+            continue
     return out
+
+
+def gone_or_changed(f: FileRef) -> str | None:
+    """Why a planned local file can no longer be read as planned (None: it is still there, unchanged):
+    it vanished, or it was rewritten since the plan (another size or mtime: another etag). Such a
+    file is not the file's fault: it is left for the next run, which plans what is there then.
+    Remote objects are not checked here (the S3 download checks the etag, lakehouse.ingest.s3)."""
+    path = f.local_path
+    if not path or "://" in path or f.status != PROCESSED:
+        return None
+    p = Path(path)
+    try:
+        now = local_etag(p)
+    except FileNotFoundError:
+        return "the file vanished between the plan and the read"
+    except OSError as exc:
+        return f"the file cannot be opened any more ({type(exc).__name__}: {exc.strerror or exc})"
+    landing_file = p.as_posix() == f.key or p.as_posix().endswith("/" + f.key.lstrip("/"))
+    if landing_file and f.etag and now != f.etag:  # a staged copy's etag is its object's, not size+mtime
+        return "the file changed between the plan and the read (another size or modification time)"
+    return None
+
+
+def note_deferred_files(runner: StageContext, files: list[FileRef], reasons: dict[str, str]) -> None:
+    """Files that vanished or changed between the plan and the read: nothing is recorded for them
+    (no checkpoint), so the next run plans whatever is there then; the reason goes to audit_log
+    (event file_deferred), the run log and the run's metadata (`deferred_files`)."""
+    report = runner.report
+    for f in files:
+        why = reasons[f.key]
+        report.setdefault("deferred_files", []).append({"key": f.key, "reason": why})
+        runner.audit("file_deferred", error_class="FileChanged", outcome="deferred", message=f"{f.key}: {why}",
+                     details={"key": f.key, "etag": f.etag, "size": f.size})
+        runner.log.warning("left %s for the next run: %s", f.key, why)
 
 
 def batches(files: list[FileRef], batch_files: int, batch_bytes: int | None = None) -> list[list[FileRef]]:

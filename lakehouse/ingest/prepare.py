@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from lakehouse.errors import SCHEMA_DRIFT, PlatformError
 from lakehouse.iceberg import ddl_type, quote, retry_metadata_commit
-from lakehouse.ingest.files import EMPTY, PROCESSED, QUARANTINED, FileRef
+from lakehouse.ingest.files import EMPTY, PROCESSED, QUARANTINED, FileRef, gone_or_changed, note_deferred_files
 from lakehouse.ingest.probe import FileProbe, probe_file
 from lakehouse.ingest.reconcile import FAIL, QUARANTINE, Decision, compare, merge, reconcile_files, vote
 from lakehouse.metadata.spark_types import parse_ddl_type as _parse_ddl_type
@@ -337,6 +337,12 @@ def _probe_all(runner: StageContext, source: Source, files: list[FileRef], refer
                                    declared_names=[c.name for c in source.columns] or None, name=f.key)
         p = cache[ck]
         if p.status != PROCESSED:
+            why = gone_or_changed(f)
+            if why is not None:  # not the file's fault: it vanished or changed while it was probed
+                del cache[ck]
+                note_deferred_files(runner, [f], {f.key: why})
+                runner.healing.skipped_files[f.key] = why
+                continue
             checked.append(f.with_status(p.status, p.error))
             continue
         probes[f.key] = p

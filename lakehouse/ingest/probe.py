@@ -19,6 +19,7 @@ the file with the line and the column named, instead of failing the batch inside
 
 from __future__ import annotations
 
+import bz2
 import csv
 import functools
 import gzip
@@ -60,16 +61,31 @@ class FileProbe:
         return cls(QUARANTINED, error)
 
 
+def _zstd_open(path: Path, mode: str = "rb"):
+    """A zstd file's content as a stream (pyarrow's codec: the Python standard library has none)."""
+    import pyarrow as pa
+
+    return pa.input_stream(str(path), compression="zstd")
+
+
+#: how the probe reads a compressed file, by the codec its name gives (what Spark and pyarrow read
+#: by the same name: lakehouse.engines.arrow.read decompresses the same codecs)
+OPENERS = {"gzip": gzip.open, "bzip2": bz2.open, "zstd": _zstd_open}
+
+
 def _opener(path: Path, head: bytes, name: str):
     """How to open the file's content: decompress by name (as Spark does), refuse compressed data
     under another name (Spark would read the compressed bytes as text)."""
     suffix = path.suffix.lower()
     codec = CODEC_SUFFIXES.get(suffix)
     found = compression_of(head)
-    if codec == "gzip":
-        return gzip.open, None
+    if codec in OPENERS:
+        if found and found != codec:
+            return None, (f"the file name {name!r} says {codec} but the content is {found}-compressed: "
+                          "rename it to match its codec, or decompress it")
+        return OPENERS[codec], None
     if codec:
-        return None, f"{codec}-compressed files are not probed; decompress them or use .gz"
+        return None, f"{codec}-compressed files are not probed; decompress them or use .gz, .bz2 or .zst"
     if found:
         return None, (f"the content is {found}-compressed but the file name {name!r} does not say so "
                       f"(Spark picks the codec from the name): rename it to end in .gz, or decompress it")

@@ -7,19 +7,42 @@ import dataclasses
 import re
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lakehouse.core import Batch, ExtractPlan, StageContext, StageOutcome
 from lakehouse.ingest import files as file_ingest
-from lakehouse.ingest.checkpoints import note_unread_files, read_batch, record_published
-from lakehouse.ingest.files import QUARANTINED, FileRef
+from lakehouse.ingest.checkpoints import note_unread_files, read_batch, record_published, spark_frame
+from lakehouse.ingest.files import PROCESSED, QUARANTINED, FileRef
 from lakehouse.ingest.paths import PathEscape, confine
-from lakehouse.ingest.prepare import prepare_files, read_alone
+from lakehouse.ingest.prepare import PreparedFiles, prepare_files, read_alone
 from lakehouse.sources.base import SourceAdapter
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from lakehouse.metadata.model import Source
     from lakehouse.publish import PublishResult
+
+
+@dataclass(frozen=True)
+class SparkFilesReader:
+    """Spark's `lakehouse.core.FileReader` of prepared files: what lakehouse.engines.isolate reads
+    again, some files at a time, when a batch's write fails reading one of them."""
+
+    spark: SparkSession
+    source: Source
+    prepared: PreparedFiles
+    object_uri: Callable[[FileRef], str] | None = None
+
+    def frame(self, files: list[FileRef]) -> DataFrame:
+        return spark_frame(self.spark, self.source, files, self.prepared, self.object_uri)
+
+    def check(self, files: list[FileRef]) -> None:
+        """Every value of `files` read and dropped (Spark's `noop` sink: no count that a parquet
+        footer could answer without reading a page)."""
+        self.frame(files).write.format("noop").mode("overwrite").save()
 
 
 class FileSourceAdapter(SourceAdapter):
@@ -34,7 +57,8 @@ class FileSourceAdapter(SourceAdapter):
         """Every planned file probed and reconciled on its own first, then read in batches of
         `batch_files` (halved by healing's shrink_batch); one checkpointed commit per batch."""
         src = ctx.source
-        todo = [f for f in plan.files if f.key not in ctx.healing.quarantined_files]
+        todo = [f for f in plan.files if f.key not in ctx.healing.quarantined_files
+            and f.key not in ctx.healing.skipped_files]
         done = 0  # progress for the run log: files done / total
         # the files are probed before the session is asked for: the probe needs no JVM, so with
         # `lakehouse run`'s warm-up it runs while the JVM is still starting (SparkSchemaIO gets the
@@ -48,7 +72,9 @@ class FileSourceAdapter(SourceAdapter):
             props = {file_ingest.CHECKPOINT_PROPERTY: file_ingest.checkpoint_value(good + bad),
                      "lakehouse.run_id": ctx.run_id}
             if df is not None:
-                yield Batch(df, props, good, label=f"{len(good)} files, {done}/{len(todo)} files done")
+                good = [f for f in good if f.status == PROCESSED]
+                yield Batch(df, props, good, label=f"{len(good)} files, {done}/{len(todo)} files done",
+                            reader=SparkFilesReader(spark, src, prepared, self.object_uri(ctx)))
 
     def after_publish(self, ctx: StageContext, plan: ExtractPlan, outcome: StageOutcome) -> None:
         record_published(ctx, outcome)

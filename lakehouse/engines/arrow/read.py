@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakehouse.engines import isolate
 from lakehouse.engines.arrow.conform import conform
 from lakehouse.engines.types import UTC_US, arrow_schema
 from lakehouse.ingest import files as file_ingest
 from lakehouse.ingest.checkpoints import checked_files
 from lakehouse.ingest.files import FileRef
+from lakehouse.ingest.limits import CODEC_SUFFIXES
 from lakehouse.ingest.prepare import PreparedFiles, prepare_files
 from lakehouse.ingest.probe import longest_line
 
@@ -45,19 +47,35 @@ def _field_path(table: pa.Table, path: str) -> pa.ChunkedArray:
 READ_BLOCK_BYTES = 1 << 20
 
 
-def _read_file(source: Source, path: str, own: pa.Schema) -> pa.Table:
-    """One file read with its own (probed) schema, the way Spark reads it with that schema."""
+#: the codecs a JSON-lines or CSV file is decompressed with, by its name's ending (as Spark and the
+#: probe pick them: lakehouse.ingest.probe.OPENERS), in pyarrow's names
+ARROW_CODECS = {"gzip": "gzip", "bzip2": "bz2", "zstd": "zstd"}
+
+
+def _codec(name: str) -> str | None:
+    suffix = Path(name).suffix.lower()
+    return ARROW_CODECS.get(CODEC_SUFFIXES.get(suffix, ""))
+
+
+def _read_file(source: Source, path: str, own: pa.Schema, name: str | None = None) -> pa.Table:
+    """One file read with its own (probed) schema, the way Spark reads it with that schema; `name`
+    (the file's key: a staged copy's own name is opaque) says its codec."""
     import pyarrow.csv as pcsv
     import pyarrow.json as pjson
     import pyarrow.parquet as pq
 
     if source.format == "parquet":
         return pq.read_table(path)
+    codec = _codec(name or path)
     # timestamps and dates are read as text and parsed by `conform` with Spark's grammar
     types = {f.name: (pa.string() if pa.types.is_timestamp(f.type) or pa.types.is_date(f.type) else f.type)
              for f in own}
     if source.format == "jsonl":
-        data = Path(path).read_bytes()
+        if codec:
+            with pa.input_stream(path, compression=codec) as stream:
+                data = stream.read()
+        else:
+            data = Path(path).read_bytes()
         # from 2 MB up, blocks parse in parallel (half the time on two cores at 15 MB); with an explicit
         # schema the table is the one a single block gives. A block is at least twice the longest
         # line, as the probe's: a line straddling more than one block boundary is refused by
@@ -67,11 +85,12 @@ def _read_file(source: Source, path: str, own: pa.Schema) -> pa.Table:
                                parse_options=pjson.ParseOptions(explicit_schema=pa.schema(types.items()),
                                                                 unexpected_field_behavior="ignore"))
     # CSV: the names in file order (the probe's header), RFC 4180 quotes, quoted newlines, "" is NULL
-    return pcsv.read_csv(
-        path, read_options=pcsv.ReadOptions(column_names=own.names, skip_rows=1 if source.csv_header else 0),
-        parse_options=pcsv.ParseOptions(newlines_in_values=source.options.get("csv_multiline", "true") == "true"),
-        convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=True, null_values=[""],
-                                            quoted_strings_can_be_null=False))
+    with pa.input_stream(path, compression=codec) as stream:  # codec None: the file as it is
+        return pcsv.read_csv(
+            stream, read_options=pcsv.ReadOptions(column_names=own.names, skip_rows=1 if source.csv_header else 0),
+            parse_options=pcsv.ParseOptions(newlines_in_values=source.options.get("csv_multiline", "true") == "true"),
+            convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=True, null_values=[""],
+                                                quoted_strings_can_be_null=False))
 
 
 def read_prepared(prepared: PreparedFiles, files: list[FileRef], object_uri: Callable[[FileRef], str] | None
@@ -84,10 +103,12 @@ def read_prepared(prepared: PreparedFiles, files: list[FileRef], object_uri: Cal
     for f in files:
         local = f.local_path or f.key
         try:
-            t = conform(_read_file(source, local, arrow_schema(prepared.read_schemas[f.key])), want)
-        except (pa.ArrowException, ValueError) as exc:  # what the probe passed and pyarrow still refuses
-            raise ValueError(f"{f.key}: the Arrow engine cannot read this file as its probe planned ({exc}); "
-                             "set the target's engine to spark to load it") from exc
+            t = conform(_read_file(source, local, arrow_schema(prepared.read_schemas[f.key]), f.key), want)
+        except (pa.ArrowException, OSError, ValueError) as exc:  # what the probe passed and pyarrow still refuses
+            # (a corrupt data page behind a good footer, a file gone since the plan): this file's
+            # problem alone, which lakehouse.engines.isolate finds and sets aside
+            detail = " ".join(str(exc).split()) or type(exc).__name__
+            raise ValueError(f"{f.key}: pyarrow cannot read this file as its probe planned: {detail}") from exc
         if source.lineage_columns:
             name = object_uri(f) if object_uri is not None and f.local_path and f.local_path != f.key \
                 else Path(local).resolve().as_uri()
@@ -115,15 +136,50 @@ def file_batches(ctx: StageContext, plan: ExtractPlan, tables: ArrowTables) -> I
 
     src = ctx.source
     object_uri = ctx.adapter().object_uri(ctx)
-    todo = [f for f in plan.files if f.key not in ctx.healing.quarantined_files]
+    todo = [f for f in plan.files if f.key not in ctx.healing.quarantined_files
+            and f.key not in ctx.healing.skipped_files]
     done = 0
     prepared = prepare_files(ctx, None, src, todo, schema_io=ArrowSchemaIO(tables))
     for chunk in file_ingest.batches(prepared.files, ctx.healing.effective_batch(src.batch_files),
                                       ctx.healing.effective_batch(src.batch_bytes)):
         checked, good = checked_files(ctx, chunk)
         done += len(chunk)
-        props = {file_ingest.CHECKPOINT_PROPERTY: file_ingest.checkpoint_value(checked),
+        reader = ArrowFilesReader(prepared, object_uri)
+        # a file pyarrow cannot read (a corrupt page, a file gone since the plan) is set aside alone
+        read = isolate.read_isolating(ctx, good, reader) if good else None
+        if read is None:
+            continue
+        frame, read_files = read
+        props = {file_ingest.CHECKPOINT_PROPERTY: file_ingest.checkpoint_value(_final(checked, ctx, read_files)),
                  "lakehouse.run_id": ctx.run_id}
-        if good:
-            yield Batch(read_prepared(prepared, good, object_uri), props, good,
-                        label=f"{len(good)} files, {done}/{len(todo)} files done")
+        yield Batch(frame, props, read_files, label=f"{len(read_files)} files, {done}/{len(todo)} files done",
+                    reader=reader)
+
+
+def _final(checked: list[FileRef], ctx: StageContext, read: list[FileRef]) -> list[FileRef]:
+    """The chunk's checkpoint entries after its read: files read, files recorded before (empty,
+    quarantined by the probe), files the read quarantined; not those left for the next run."""
+    from lakehouse.ingest.files import PROCESSED, QUARANTINED
+
+    keys = {f.key for f in read}
+    out = []
+    for f in checked:
+        if f.status != PROCESSED or f.key in keys:
+            out.append(f)
+        elif f.key in ctx.healing.quarantined_files:
+            out.append(f.with_status(QUARANTINED, ctx.healing.quarantined_files[f.key]))
+    return out
+
+
+class ArrowFilesReader:
+    """The Arrow engine's `lakehouse.core.FileReader` of prepared files (pyarrow reads eagerly:
+    a frame is read to its last value, so `check` is `frame`)."""
+
+    def __init__(self, prepared: PreparedFiles, object_uri: Callable[[FileRef], str] | None):
+        self.prepared, self.object_uri = prepared, object_uri
+
+    def frame(self, files: list[FileRef]) -> pa.Table:
+        return read_prepared(self.prepared, files, self.object_uri)
+
+    def check(self, files: list[FileRef]) -> None:
+        self.frame(files)
