@@ -160,6 +160,8 @@ def get_spark(settings: Settings, app_name: str = "lakehouse"):
             spark.sparkContext.setLogLevel(settings.spark_log_level)
             _SESSION = spark
             _renew_sqlite_catalog_pool(spark, settings)
+        # the calling thread's Java calls resolve the catalog through this session's conf (see there)
+        pyspark_compat.make_active(spark)
     waiting = getattr(_THREAD, "waiting", None)
     if waiting:
         callbacks = list(waiting)

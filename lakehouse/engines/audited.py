@@ -191,12 +191,12 @@ class BranchWrite:
         from lakehouse.ingest.jdbc import watermark_order
         from lakehouse.publish import publish_branch
 
-        faults.inject("before_publish")
+        faults.inject("before_publish", self.runner)
         with coordination.publish_lock(self.runner.platform, self.ident):
             res = publish_branch(self.tables, self.ident, self.branch, since=self.since, run_id=self.runner.run_id,
                                  watermark_order=watermark_order,
                                  can_rebase=self.target.write_mode == "append" and self.prepare_branch is None)
             if res.published and self._quarantine is not None:
-                faults.inject("between_publishes")
+                faults.inject("between_publishes", self.runner)
                 self._quarantine.publish()
         return res

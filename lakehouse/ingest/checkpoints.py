@@ -283,7 +283,7 @@ def read_batch(runner: StageContext, spark: SparkSession, source: Source, chunk:
 def checked_files(runner: StageContext, chunk: list[FileRef]) -> tuple[list[FileRef], list[FileRef]]:
     """(every file of a prepared chunk, the loadable ones): the others are recorded now (empty,
     quarantined); whichever engine reads the chunk (Spark here, lakehouse.engines.arrow) calls this."""
-    faults.inject("before_batch" if not runner.batches_read else "after_branch_commit")
+    faults.inject("before_batch" if not runner.batches_read else "after_branch_commit", runner)
     runner.batches_read += 1
     checked = list(chunk)
     unread = [f for f in checked if f.status != PROCESSED]
