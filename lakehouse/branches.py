@@ -12,8 +12,12 @@ A successful publish removes them in the publishing commit. What can stay:
   quarantine branch whose data did reach `main` (killed between the two publishes) is published
   instead of dropped, so no quarantined row is lost;
 * **files no commit references**: the commits of a dropped branch are expired at once (Iceberg's
-  expire-snapshots action deletes exactly the files only they referenced), and files written by a
-  commit that never happened (a kill in the middle of a write) are removed by Iceberg's
+  expire-snapshots action deletes exactly the files only they referenced); the data files of a
+  commit that never landed (a kill while the commit was being made) are removed by the next run
+  of the stage too (`remove_dead_runs_files`): it knows when the dead run took its lease on the
+  table, so it hands Iceberg's orphan-file action exactly the files under the table's data folder
+  modified since then, while no other run holds a lease on the table (table maintenance takes
+  one while it rewrites). Anything else no commit references is left to Iceberg's
   orphan-file removal, only older than a safe minimum age (platform setting
   `orphan_files.min_age_hours`, default 24, as Iceberg's own procedure insists) and only while no
   other live run holds a lease on the table. A run that finds a dead run schedules that sweep for
@@ -24,11 +28,16 @@ A successful publish removes them in the publishing commit. What can stay:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import time
+import uuid
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
+from urllib.parse import urlparse
 
 import sqlalchemy as sa
 
@@ -272,6 +281,99 @@ def remove_orphan_files(platform: Platform, tables: CatalogTables, ident: str, *
     return removed
 
 
+#: a file's modification time, as the store keeps it, may lag or lead this host's clock a little
+DEAD_FILES_SLACK_S = 2.0
+
+
+def data_files_between(platform: Platform, data_location: str, since: float, until: float) -> list[tuple[str, float]]:
+    """(path, modified at) of every file under `data_location` (a table's data folder) modified in
+    [since, until), by plain listing (local) or the platform's S3 client; paths spelt from
+    `data_location` as Iceberg spells the files it writes there. [] for a scheme neither lists."""
+    url = urlparse(data_location)
+    base = data_location.rstrip("/")
+    out: list[tuple[str, float]] = []
+    if url.scheme in ("", "file"):
+        root = (url.path or data_location).rstrip("/")
+        stack = [root]
+        while stack:
+            try:
+                entries = os.scandir(stack.pop())
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            with entries:
+                for e in entries:
+                    if e.name.startswith((".", "_")):  # hidden, as Iceberg's own listing (Hadoop's .crc files)
+                        continue
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                    elif e.is_file(follow_symlinks=False):
+                        mtime = e.stat(follow_symlinks=False).st_mtime
+                        if since <= mtime < until:
+                            out.append((f"{base}/{os.path.relpath(e.path, root)}", mtime))
+    elif url.scheme in ("s3", "s3a", "s3n"):
+        prefix = url.path.lstrip("/").rstrip("/") + "/"
+        pages = platform.s3.for_source(None).get_paginator("list_objects_v2").paginate(Bucket=url.netloc, Prefix=prefix)
+        for page in pages:
+            for obj in page.get("Contents", []):
+                mtime = obj["LastModified"].timestamp()
+                if since <= mtime < until and not obj["Key"].rsplit("/", 1)[-1].startswith((".", "_")):
+                    out.append((f"{base}/{obj['Key'][len(prefix):]}", mtime))
+    return out
+
+
+def remove_dead_runs_files(platform: Platform, tables: CatalogTables, ident: str, *, since: float,
+                           lease_table: str | None = None, own_run: str | None = None) -> list[str] | None:
+    """The data files of commits that never landed, written by runs now dead: the files under the
+    table's data folder modified since the earliest dead run took its lease on the table (`since`)
+    that no snapshot of the table references (any branch, tag or older snapshot still listed:
+    Iceberg's own orphan-file action decides that, on exactly these candidates), removed at once
+    rather than by the sweep a day later. Only while no other live run holds a lease on the table
+    (its uncommitted files look the same), and only files modified before that was checked (a run
+    that takes its lease after the check writes later). None: postponed (the sweep stays due)."""
+    lease_table = lease_table or ident
+    checked_at = time.time()
+    others = coordination.live_runs(platform, lease_table) - ({own_run} if own_run else set())
+    if others:
+        log.warning("%s: removing the files of dead runs' commits postponed (to the orphan-file sweep): run(s) "
+                    "%s are writing it", ident, ", ".join(sorted(others)))
+        return None
+    if not tables.exists(ident):
+        return []
+    md = tables.meta.load_table(ident).metadata
+    data_location = md.properties.get("write.data.path") or f"{md.location.rstrip('/')}/data"
+    candidates = data_files_between(platform, data_location, since - DEAD_FILES_SLACK_S,
+                                    checked_at - DEAD_FILES_SLACK_S)
+    log.info("%s: %d file(s) under %s modified since the dead run(s) started: orphans among them are removed",
+             ident, len(candidates), data_location)
+    if not candidates:
+        return []
+    from lakehouse.iceberg import IcebergTables
+
+    spark_tables = tables if isinstance(tables, IcebergTables) else platform.tables()
+    spark = spark_tables.spark
+    view = f"lakehouse_dead_run_files_{uuid.uuid4().hex}"
+    spark.createDataFrame([(p, datetime.fromtimestamp(t, tz=UTC)) for p, t in candidates],
+                          "file_path string, last_modified timestamp").createOrReplaceTempView(view)
+    try:
+        result = pyspark_compat.jvm(spark).org.apache.iceberg.spark.actions.SparkActions.get(
+            pyspark_compat.java_session(spark)) \
+            .deleteOrphanFiles(spark_tables.java_table(ident)) \
+            .compareToFileList(pyspark_compat.java_session(spark).table(view)) \
+            .olderThan(int(checked_at * 1000)).execute()
+    finally:
+        spark.catalog.dropTempView(view)
+    removed = [str(p) for p in result.orphanFileLocations()]
+    for path in removed:  # the local file system's checksum beside it (hidden: not listed above)
+        local = urlparse(path)
+        if local.scheme in ("", "file"):
+            folder, name = os.path.split(local.path)
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(folder, f".{name}.crc"))
+    if removed:
+        log.warning("%s: removed %d data file(s) of dead runs' commits that never landed", ident, len(removed))
+    return removed
+
+
 def run_due_sweeps(platform: Platform, tables: CatalogTables, catalog: MetadataCatalog, ident: str,
                    own_run: str | None = None) -> dict[str, int]:
     out = {}
@@ -296,7 +398,9 @@ def tidy_before_write(platform: Platform, tables: CatalogTables, catalog: Metada
     table's publish lock, so that a quarantine roll-forward cannot race a live publish."""
     own = coordination.run_key(run_id)
     retention = retention_s(catalog, target)
+    held = coordination.leases(platform, ident)
     dead_leases = coordination.forget_dead_leases(platform, ident)
+    dead_since = min((held[k].started_at for k in dead_leases if k in held), default=None)
     dropped: list[BranchState] = []
     with coordination.publish_lock(platform, ident):
         dropped += tidy_table(platform, tables, ident, retention=retention, own=own)
@@ -311,11 +415,17 @@ def tidy_before_write(platform: Platform, tables: CatalogTables, catalog: Metada
         platform.store.audit(run_id=run_id, dataset=ident, event="branches_tidied", outcome="success",
                              message=f"{len(dropped)} branch(es) of dead runs / expired audits handled",
                              details={"branches": [asdict(d) for d in dropped], "dead_leases": dead_leases})
+    dead_files = 0
+    if dead_since is not None:  # the files of the dead runs' commits that never landed: now, not in a day
+        for t in (ident, *related):
+            removed = remove_dead_runs_files(platform, tables, t, since=dead_since, lease_table=ident, own_run=own)
+            dead_files += len(removed or ())
     swept = {}
     for t in (ident, *related):
         swept.update(run_due_sweeps(platform, tables, catalog, t, own_run=own))
     return {"branches_dropped": len([d for d in dropped if d.state != "published"]),
             "quarantine_branches_completed": len([d for d in dropped if d.state == "published"]),
+            **({"dead_run_files_removed": dead_files} if dead_files else {}),
             **({"orphan_files_removed": sum(swept.values())} if swept else {})}
 
 

@@ -166,6 +166,7 @@ class Lease:
     host: str | None
     pid: int | None
     heartbeat_at: float
+    started_at: float = 0.0  # when the run took it (before its first write on the table)
 
     def alive(self, engine: sa.Engine, now: float | None = None) -> bool:
         if _HEARTBEAT.holds(engine, self.run_key, self.table):
@@ -182,7 +183,7 @@ def leases(platform: Platform, table: str) -> dict[str, Lease]:
     with eng.connect() as conn:
         rows = conn.execute(sa.select(run_leases).where(run_leases.c.table_ident == table)).mappings().all()
     return {r["run_key"]: Lease(r["run_key"], r["table_ident"], r["run_id"], r["host"], r["pid"],
-                                float(r["heartbeat_at"])) for r in rows}
+                                float(r["heartbeat_at"]), float(r["started_at"])) for r in rows}
 
 
 def live_runs(platform: Platform, table: str) -> set[str]:

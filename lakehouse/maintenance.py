@@ -443,7 +443,19 @@ def maintain(platform: Platform, target: Target, *, dry_run: bool = False, run_i
             elif p.no_old_files:
                 out["orphan_files_found"] = 0
         elif out["due"]:
-            _run(tables, ident, p, out)
+            # a lease like a run's while it writes: its compaction's files, not yet committed, are
+            # no dead run's to remove (lakehouse.branches.remove_dead_runs_files), and a killed
+            # maintenance is a dead run whose files the next run of a stage removes
+            import uuid
+
+            from lakehouse import coordination
+
+            lease = (platform, f"maintenance_{uuid.uuid4().hex[:16]}", owner(target).identifier)
+            coordination.hold_lease(*lease)
+            try:
+                _run(tables, ident, p, out)
+            finally:
+                coordination.release_lease(*lease)
         else:  # nothing to do: no Spark call (nor a session started for it)
             out.update(files_after=p.before.data_files, small_files_after=p.before.small_files,
                        snapshots_after=p.before.snapshots, manifests_after=p.before.manifests)

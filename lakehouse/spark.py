@@ -222,7 +222,11 @@ def when_started(callback: Callable) -> Iterator[None]:
 
 
 def _ensure_catalog(spark, settings: Settings) -> None:
-    """Register this settings' catalog on an existing session (catalogs are runtime-configurable)."""
+    """Register this settings' catalog on an existing session (catalogs are runtime-configurable),
+    and make the session the calling thread's active one: that thread's Java calls resolve the
+    catalog through it (lakehouse.compat.pyspark.make_active; a session built here is made active
+    on the thread building it by PySpark itself)."""
+    pyspark_compat.make_active(spark)
     _prepare_local_dirs(settings)
     for k, v in catalog_conf(settings).items():
         if spark.conf.get(k, None) != v:

@@ -39,6 +39,8 @@ class PlatformPySparkResource(LazyPySparkResource):
     def spark_session(self) -> Any:
         if pyspark_compat.is_stopped(self._session):
             self._session = get_spark(self._settings())
+        else:  # the calling thread may not be the one that got it (lakehouse.compat.pyspark.make_active)
+            pyspark_compat.make_active(self._session)
         return self._session
 
     @property

@@ -170,3 +170,102 @@ def test_dead_runs_leave_nothing_behind_and_failed_audits_stay_for_their_retenti
     assert not old.exists() and young.exists()
     assert "orphan_files_removed" in report
     assert kit.check_exactly_once(lake.catalog(), lake.ns, lake.expected) == {}  # every live file still there
+
+
+def unreferenced_data_files(cat, ident: str) -> set[Path]:
+    """Files under the table's data folder that no snapshot of the table references (any branch,
+    any older snapshot still listed): read independently, with PyIceberg."""
+    table = cat.load_table(ident)
+    referenced: set[Path] = set()
+    seen_manifests: set[str] = set()
+    for snap in table.metadata.snapshots:
+        for m in snap.manifests(table.io):
+            if m.manifest_path in seen_manifests:
+                continue
+            seen_manifests.add(m.manifest_path)
+            referenced |= {Path(e.data_file.file_path.replace("file:", "", 1))
+                           for e in m.fetch_manifest_entry(table.io, discard_deleted=False)}
+    data_dir = Path(table.location().replace("file:", "", 1)) / "data"
+    on_disk = {p for p in data_dir.rglob("*") if p.is_file() and not p.name.startswith((".", "_"))} \
+        if data_dir.exists() else set()  # not Hadoop's hidden .crc files
+    return on_disk - referenced
+
+
+@pytest.mark.timeout(3600)
+def test_the_files_of_a_commit_that_never_landed_are_removed_by_the_next_run(lake, tmp_path, postgres_server):
+    """kill -9 while the run's commit waits on the catalog (its data files written, the commit
+    never lands): the next run of the stage removes exactly those files, and keeps every file a
+    live snapshot or branch references, a failed audit's branch kept for its retention included.
+    The catalog is on PostgreSQL here: the test holds the table's catalog row locked, so the
+    commit waits (on SQLite it would fail at once, and Iceberg would delete its own files)."""
+    pg = postgres_server
+    catalog_db = pg.create_database()
+    lake.env.update({"LAKEHOUSE_CATALOG_URI": f"postgresql://{pg.host}:{pg.port}/{catalog_db}",
+                     "LAKEHOUSE_CATALOG_USER": pg.user, "LAKEHOUSE_CATALOG_PASSWORD": pg.password})
+    lake.catalog = lambda: SqlCatalog("lake", uri=pg.sqlalchemy_url(catalog_db),
+                                      warehouse=lake.env["LAKEHOUSE_WAREHOUSE"])
+    lake.apply()
+    ns, files_t = f"bronze_{lake.ns}", kit.TABLES["files"].format(ns=lake.ns)
+    land(lake, "a")
+    bad = lake.home / "landing" / "events" / "z-bad.jsonl"
+    bad.write_text('{"id": "bad-1", "v": -1}\n')
+    rc, out = run_to_end(lake, tmp_path, "failed-audit")
+    assert rc != 0 and "v_not_negative" in out, out[-6000:]
+    cat = lake.catalog()
+    kept = [b for b in cat.load_table(files_t).metadata.refs if b.startswith("audit_")]
+    assert len(kept) == 1
+    kept_files = branch_files(cat, files_t, kept[0])
+    assert kept_files and all(p.exists() for p in kept_files)
+    bad.unlink()
+    land(lake, "b")
+
+    # the run's files stage commits its first batch on its branch, then writes its second batch's
+    # files and waits on the catalog row the test holds locked: kill -9 there
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    env = kit.run_env(lake.env, LAKEHOUSE_PAUSE_AT="after_branch_commit@files", LAKEHOUSE_PAUSE_DIR=str(pause))
+    (proc, log), = kit.start_runs(1, env, tmp_path / "logs", tag="kill-at-commit")
+    data_dir = Path(cat.load_table(files_t).location().replace("file:", "", 1)) / "data"
+    lock = pg.connect(catalog_db)
+    try:
+        deadline = time.monotonic() + 900
+        while not list(pause.glob("after_branch_commit@files.*")):
+            assert proc.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, "never reached the second batch"
+            time.sleep(0.2)
+        before = set(data_dir.rglob("*.parquet"))
+        with lock.cursor() as cur:  # the run's next commit of the table waits for this row
+            cur.execute("SELECT 1 FROM iceberg_tables WHERE table_namespace = %s AND table_name = %s FOR UPDATE",
+                        (ns, "file_events"))
+            assert cur.rowcount == 1
+        (pause / "release").touch()
+        deadline = time.monotonic() + 300
+        while not set(data_dir.rglob("*.parquet")) - before:
+            assert proc.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, "the second batch wrote no file"
+            time.sleep(0.2)
+        time.sleep(3)  # every task's file written; the commit is waiting on the row
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        with lock.cursor() as cur:  # a server backend waiting on a lock does not notice its client die:
+            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "  # it would commit once let go
+                        "WHERE datname = %s AND pid <> pg_backend_pid()", (catalog_db,))
+    finally:
+        kit.kill_all([(proc, log)])
+        lock.rollback()
+        lock.close()
+
+    cat = lake.catalog()
+    never_landed = unreferenced_data_files(cat, files_t)
+    assert never_landed, "the killed commit left no file behind: nothing to prove"
+    assert not never_landed & set(kept_files)
+    rc, out = run_to_end(lake, tmp_path, "next")
+    assert kit.succeeded(rc, out), out[-6000:]
+    cat = lake.catalog()
+    assert not any(p.exists() for p in never_landed)  # removed by this run, not in a day
+    assert unreferenced_data_files(cat, files_t) == set()
+    assert kept[0] in cat.load_table(files_t).metadata.refs  # the failed audit's branch stays...
+    assert all(p.exists() for p in kept_files)  # ...with its files
+    assert kit.check_exactly_once(cat, lake.ns, lake.expected) == {}
+    tidied = lake.store.audit_entries(event="branches_tidied", limit=1000)
+    assert tidied, "the next run found no dead run"

@@ -23,8 +23,27 @@ def jvm(spark) -> Any:
 
 
 def java_session(spark) -> Any:
-    """The session's `org.apache.spark.sql.SparkSession`."""
+    """The session's `org.apache.spark.sql.SparkSession`, made the active one of the calling thread
+    first (`make_active`): what the caller does with it next may look a catalog up."""
+    make_active(spark)
     return spark._jsparkSession
+
+
+def make_active(spark) -> None:
+    """Make `spark` the active session of the JVM thread that serves the calling Python thread
+    (PySpark pins one JVM thread to each Python thread), with Spark's public
+    `SparkSession.setActiveSession`.
+
+    Why: Spark resolves a catalog's configuration through the *thread's* active session
+    (`SQLConf.get`). Spark SQL statements set it for their own duration, but a Java call through
+    Py4J (Iceberg's `Spark3Util`, its actions, `DataFrameReader.load` of an `iceberg` table) does
+    not; on a thread where no session is active it reads a blank configuration, in which no
+    catalog is defined. That goes unnoticed while the catalog is already loaded (Spark caches
+    it), and fails with `CatalogNotFoundException: ... spark.sql.catalog.<name> is not defined`
+    when the catalog has to be (re)loaded on such a thread: the session was started on another
+    thread (`lakehouse run` warms it up on one) and its first load failed because the catalog
+    database was down, or a restarted session replaced the one the thread knew."""
+    jvm(spark).org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
 
 
 def is_stopped(spark) -> bool:

@@ -26,7 +26,7 @@ Process faults at named points (`before_batch`, `after_branch_commit`, `before_p
   given the stage) stops the process there: with `LAKEHOUSE_CRASH_MARKER=<file>` it
   writes the file and waits to be killed from outside (the test's kill -9); without it, it
   SIGKILLs itself;
-* `LAKEHOUSE_PAUSE_AT=<point>[,<point>...]` with `LAKEHOUSE_PAUSE_DIR=<dir>` writes
+* `LAKEHOUSE_PAUSE_AT=<point>[,<point>...]` (a point may be `<point>@<stage_name>`, as above) with `LAKEHOUSE_PAUSE_DIR=<dir>` writes
   `<dir>/<point>.<pid>` the first time the process gets there and waits until `<dir>/release` or
   `<dir>/release.<point>` exists (tests line concurrent runs up at one point, or stop a database
   while a run is there); `LAKEHOUSE_PAUSE_SECONDS` bounds the wait (default 600);
@@ -104,8 +104,11 @@ def inject(point: str, runner: Any = None, **ctx: Any) -> None:
     hooks = current(FaultHooks)  # the test hooks, read where they apply (lakehouse.settings.FaultHooks)
     if not hooks.any:
         return
-    if point in (hooks.pause_at or "").split(",") and hooks.pause_dir:
-        _pause(point, hooks.pause_dir, hooks.pause_seconds)
+    if hooks.pause_at and hooks.pause_dir:
+        wanted = hooks.pause_at.split(",")
+        for name in (point, _at_stage(point, runner)):
+            if name in wanted:
+                _pause(name, hooks.pause_dir, hooks.pause_seconds)
     crash_at = hooks.crash_at
     if crash_at and crash_at in (point, _at_stage(point, runner)):
         _crash(point, hooks.crash_marker)

@@ -199,25 +199,27 @@ class BranchWrite:
         both under the target's publish lock; each commit drops its branch. Returns the data's
         PublishResult: not published when the input (or part of it) is already on main. A
         crash between the two commits is completed by the next run (lakehouse.branches)."""
-        return publish_branches(self.runner.platform, self.tables, self.ident, self.branch, **self.publish_args())
+        return publish_branches(self.runner.platform, self.tables, self.ident, self.branch, **self.publish_args(),
+                                ctx=self.runner)
 
 
 def publish_branches(platform, tables: CatalogTables, ident: str, branch: str, *, since: int | None, run_id: str,
-                     can_rebase: bool, quarantine: tuple[str, int | None] | None):
+                     can_rebase: bool, quarantine: tuple[str, int | None] | None, ctx=None):
     """`BranchWrite.publish` from its parts: the data branch exactly once, then (when this run
     quarantined rows: `quarantine` = (quarantine table, its main at the fork)) the quarantine
-    branch, both under the target's publish lock."""
+    branch, both under the target's publish lock. `ctx` (the stage's context) names the stage to the
+    test hooks' `<point>@<stage>`."""
     from lakehouse import coordination
     from lakehouse.control import faults
     from lakehouse.ingest.jdbc import watermark_order
     from lakehouse.publish import publish_branch
 
-    faults.inject("before_publish")
+    faults.inject("before_publish", ctx)
     with coordination.publish_lock(platform, ident):
         res = publish_branch(tables, ident, branch, since=since, run_id=run_id, watermark_order=watermark_order,
                              can_rebase=can_rebase)
         if res.published and quarantine is not None:
-            faults.inject("between_publishes")
+            faults.inject("between_publishes", ctx)
             qident, fork = quarantine
             publish_quarantine(tables, qident, branch, since=fork, run_id=run_id)
     return res

@@ -291,7 +291,7 @@ def spark_frame(spark: SparkSession, source: Source, good: list[FileRef], prepar
 def checked_files(runner: StageContext, chunk: list[FileRef]) -> tuple[list[FileRef], list[FileRef]]:
     """(every file of a prepared chunk, the loadable ones): the others are recorded now (empty,
     quarantined); whichever engine reads the chunk (Spark here, lakehouse.engines.arrow) calls this."""
-    faults.inject("before_batch" if not runner.batches_read else "after_branch_commit")
+    faults.inject("before_batch" if not runner.batches_read else "after_branch_commit", runner)
     runner.batches_read += 1
     gone = {f.key: why for f in chunk if (why := gone_or_changed(f)) is not None}
     if gone:  # vanished or rewritten since the plan: left for the next run, not recorded

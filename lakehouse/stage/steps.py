@@ -170,7 +170,7 @@ class _StagedBranch:
 
         s = self.staged
         return publish_branches(self.ctx.platform, self.tables, s.table, s.branch, since=s.since, run_id=s.run_id,
-                                can_rebase=s.can_rebase, quarantine=s.quarantine)
+                                can_rebase=s.can_rebase, quarantine=s.quarantine, ctx=self.ctx)
 
 
 def live(ctx: StageContext, staged: StagedWrite) -> StagedLoad:
