@@ -262,3 +262,20 @@ def test_the_runner_facade_publishes_a_stored_reference_too(lake, tmp_path):
     ref = runner.reference(runner.write_and_audit(runner.extract())).to_json()
     outcome = StageRunner(lake, "fa", "ingest", run_id="facade-run").publish(StagedWrite.from_json(ref))
     assert outcome.published and outcome.rows_written == 2 and main_rows(lake, "bronze.fa") == 2
+
+
+def test_the_healing_state_round_trips_every_field():
+    """Every field of HealingState travels in a staged-write reference: a field added to the state
+    and forgotten here would reach the publish step with its default (or in another field's place)."""
+    import dataclasses
+    from collections import Counter
+
+    from lakehouse.core import HealingState
+    from lakehouse.stage.values import healing_from_dict, healing_to_dict
+
+    state = HealingState(batch_scale=0.5, quarantined_files={"a.json": "bad page"},
+                         skipped_files={"b.json": "vanished"}, attempts=Counter({"heal_1": 2}), total_attempts=2,
+                         events=[{"healing_id": "heal_1", "outcome": "applied"}])
+    assert {f.name for f in dataclasses.fields(HealingState)} == set(healing_to_dict(state))
+    back = healing_from_dict(json.loads(json.dumps(healing_to_dict(state))))
+    assert back == state

@@ -189,15 +189,17 @@ def outcome_from_dict(d: Mapping[str, Any], target: Target) -> StageOutcome:
 
 def healing_to_dict(state: HealingState) -> dict[str, Any]:
     return plain({"batch_scale": state.batch_scale, "quarantined_files": state.quarantined_files,
-                   "attempts": dict(state.attempts), "total_attempts": state.total_attempts,
-                   "events": state.events})
+                   "skipped_files": state.skipped_files, "attempts": dict(state.attempts),
+                   "total_attempts": state.total_attempts, "events": state.events})
 
 
 def healing_from_dict(d: Mapping[str, Any]) -> HealingState:
     from collections import Counter
 
-    return HealingState(float(d.get("batch_scale", 1.0)), dict(d.get("quarantined_files") or {}),
-                        Counter(d.get("attempts") or {}), int(d.get("total_attempts", 0)), list(d.get("events") or ()))
+    return HealingState(batch_scale=float(d.get("batch_scale", 1.0)),
+                        quarantined_files=dict(d.get("quarantined_files") or {}),
+                        skipped_files=dict(d.get("skipped_files") or {}), attempts=Counter(d.get("attempts") or {}),
+                        total_attempts=int(d.get("total_attempts", 0)), events=list(d.get("events") or ()))
 
 
 @dataclass(frozen=True)
