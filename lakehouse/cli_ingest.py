@@ -4,7 +4,9 @@
   (synced from the snapshot summaries first);
 * `checkpoints rebuild TABLE`: re-derive the checkpoint table from main's snapshot summaries;
 * `entity-raw apps` / `entity-raw ensure [APP]`: registered applications and their tables;
-* `entity-raw load APP --tenant T (--file-key K | --pattern GLOB)... [--mode APPEND|UPSERT]`.
+* `entity-raw load APP --tenant T (--file-key K | --pattern GLOB)... [--mode APPEND|UPSERT]`;
+* `ingest SOURCE [--date YYYY-MM-DD]`: run every stage reading a source now; with `--date`, only that
+  day's prefix of its `dated_layout` (lakehouse.ingest.dated), exactly once by the file checkpoints.
 """
 
 from __future__ import annotations
@@ -75,7 +77,53 @@ def cmd_entity_raw(args) -> int:
     return 0
 
 
+def cmd_ingest(args) -> int:
+    from lakehouse.ingest import dated
+    from lakehouse.runner import StageRunner
+
+    platform = Platform.from_env()
+    catalog = platform.catalog()
+    source = next((s for s in catalog.sources if s.source_id == args.source), None)
+    if source is None:
+        print(f"error: no source {args.source!r} in the metadata", file=sys.stderr)
+        return 2
+    tags = {}
+    if args.date:
+        if not source.dated_layout:
+            print(f"error: source {args.source!r} has no dated_layout: --date cannot name its files "
+                  f"(metadata sources[].dated_layout, e.g. year={{yyyy}}/month={{mm}}/day={{dd}})", file=sys.stderr)
+            return 2
+        try:
+            day = dated.parse_date(args.date)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        tags = {dated.DATE_TAG: day.isoformat(), "lakehouse/ingest": "cli"}
+    stages = [s for s in sorted(catalog.stages, key=lambda s: (s.pipeline_id, s.stage_order))
+              if s.source_id == args.source and (args.pipeline is None or s.pipeline_id == args.pipeline)]
+    if not stages:
+        print(f"error: no stage reads source {args.source!r}" + (f" in pipeline {args.pipeline!r}"
+              if args.pipeline else ""), file=sys.stderr)
+        return 2
+    rows = []
+    for stage in stages:
+        runner = StageRunner(platform, stage.pipeline_id, stage.stage_name, run_tags=tags)
+        outcome = runner.load(runner.extract())
+        rows.append({"pipeline": stage.pipeline_id, "stage": stage.stage_name, "table": outcome.target.identifier,
+                     "day": tags.get(dated.DATE_TAG, ""), "rows_written": outcome.rows_written,
+                     "snapshot_id": outcome.snapshot_id or "", "published": outcome.published,
+                     "skipped": outcome.skipped_reason or ""})
+    _print_table(rows)
+    return 0 if all(r["published"] or r["skipped"] for r in rows) else 1
+
+
 def register(sub) -> None:
+    i = sub.add_parser("ingest", help="run the stages reading a source now (--date: one day of its dated_layout)")
+    i.add_argument("source")
+    i.add_argument("--date", help="a day YYYY-MM-DD: only the files under that day's prefix (dated_layout)")
+    i.add_argument("--pipeline", help="only the stages of this pipeline")
+    i.set_defaults(func=cmd_ingest)
+
     c = sub.add_parser("checkpoints", help="file checkpoints of an ingested table")
     csub = c.add_subparsers(dest="action", required=True)
     show = csub.add_parser("show", help="list processed / empty / quarantined files")

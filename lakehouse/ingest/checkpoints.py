@@ -272,7 +272,7 @@ def spark_frame(spark: SparkSession, source: Source, good: list[FileRef], prepar
     from pyspark.sql import functions as F
 
     df = prepared.read(spark, good)
-    if not source.lineage_columns:
+    if not (source.lineage_columns or source.path_columns):
         return df
     staged = {f.local_path: f for f in good if f.local_path and f.local_path != f.key and "://" not in f.local_path}
     if staged and object_uri is not None:
@@ -282,9 +282,18 @@ def spark_frame(spark: SparkSession, source: Source, good: list[FileRef], prepar
         pairs = []
         for p, f in staged.items():
             pairs += [F.lit(Path(p).resolve().as_uri()), F.lit(object_uri(f))]
-        df = df.withColumn("_source_file", F.element_at(F.create_map(*pairs), F.input_file_name()))
+        src_file = F.element_at(F.create_map(*pairs), F.input_file_name())
     else:
-        df = df.withColumn("_source_file", F.input_file_name())
+        src_file = F.input_file_name()
+    for pc in source.path_columns:  # Hive-style `name=value` segments of the file's path (lakehouse.ingest.dated)
+        from lakehouse.ingest.dated import segment_pattern
+
+        value = F.regexp_extract(src_file, segment_pattern(pc.name), 1)
+        value = F.when(value == "", F.lit(None)).otherwise(value)
+        df = df.withColumn(pc.name, value.cast(pc.type))
+    if not source.lineage_columns:
+        return df
+    df = df.withColumn("_source_file", src_file)
     return df.withColumn("_ingested_at", F.current_timestamp())
 
 

@@ -30,6 +30,7 @@ import sqlalchemy as sa
 
 from lakehouse.control import faults
 from lakehouse.coordination import claim_new_files, keep_claims
+from lakehouse.ingest import dated
 from lakehouse.ingest.arrivals import (  # noqa: F401 - requested_files: the arrival batch a run reads
     ArrivalDecision,
     make_batches,
@@ -72,9 +73,11 @@ def key_matches(key: str, source: Source) -> bool:
     return fnmatch(rel, source.glob) or fnmatch(name, source.glob)
 
 
-def list_files(client, source: Source, start_after: str | None = None) -> tuple[list[FileRef], str | None, int]:
-    """(matching files after `start_after`, the last key listed, keys listed); every page is read."""
-    kwargs: dict[str, Any] = {"Bucket": source.bucket, "Prefix": source.prefix}
+def list_files(client, source: Source, start_after: str | None = None, prefix: str | None = None,
+               ) -> tuple[list[FileRef], str | None, int]:
+    """(matching files after `start_after`, the last key listed, keys listed); every page is read.
+    `prefix`: a narrower prefix than the source's (one day of a dated layout)."""
+    kwargs: dict[str, Any] = {"Bucket": source.bucket, "Prefix": source.prefix if prefix is None else prefix}
     if start_after:
         kwargs["StartAfter"] = start_after
     out: list[FileRef] = []
@@ -163,7 +166,11 @@ def plan(runner: StageContext, src: Source, plan: ExtractPlan) -> None:
     batch_key = runner.run_tags.get(ARRIVAL_TAG)
     now = time.time()
     after, reconciled_at = get_cursor(platform, ident, src.source_id)
-    if batch_key:
+    day = dated.requested_day(src, runner.run_tags)
+    if day is not None:  # one day's prefix, listed in full; the listing cursor is neither read nor moved
+        listed_files, last, listed = list_files(client, src, prefix=dated.s3_day_prefix(src, day))
+        listing = "dated"
+    elif batch_key:
         listed_files, last, listed = requested_files(platform, batch_key), None, 0
         listing = "arrival_batch"
         if not listed_files:
@@ -182,7 +189,7 @@ def plan(runner: StageContext, src: Source, plan: ExtractPlan) -> None:
                     if listing == "incremental" else None}
     if taken:
         plan.details["files_claimed_by_other_runs"] = taken
-    if listing != "arrival_batch":
+    if listing not in ("arrival_batch", "dated"):
         # every listed key up to the cursor below is handled once this run publishes
         complete = len(picked) == len(new)
         hwm = _max_key(after, last) if complete else _max_key(after, _handled_prefix_end(new, picked))

@@ -319,6 +319,30 @@ class PromoteField(BaseModel):
     _v_col = field_validator("column")(lambda cls, v: check_ident(v, "column"))
 
 
+DATE_PLACEHOLDERS = ("{yyyy}", "{mm}", "{dd}")
+
+
+def dated_layout_problem(layout: str) -> str | None:
+    """Why a `dated_layout` template cannot name one day's prefix (None: it can)."""
+    unknown = set(re.findall(r"\{[^}]*\}", layout)) - set(DATE_PLACEHOLDERS)
+    if unknown:
+        return f"unknown placeholder(s) {sorted(unknown)}: only {{yyyy}}, {{mm}} and {{dd}}"
+    missing = [p for p in DATE_PLACEHOLDERS if p not in layout]
+    if missing:
+        return f"missing {missing}: a day's prefix needs {{yyyy}}, {{mm}} and {{dd}}"
+    if layout.startswith("/") or ".." in layout.split("/"):
+        return "must be relative to the source's path/prefix, without '..'"
+    return None
+
+
+class PathColumn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(description="the key of a Hive-style `name=value` directory segment, and the column's name")
+    type: Literal["int", "bigint", "string", "date"] = "string"
+
+    _v_name = field_validator("name")(lambda cls, v: check_ident(v, "path_columns name"))
+
+
 class Source(Entity):
     __key__ = ("source_id",)
 
@@ -336,6 +360,16 @@ class Source(Entity):
         default="stage", description="stage: download with boto3 then read; direct: Spark reads s3a:// itself"
     )
     csv_header: bool = True
+    dated_layout: str | None = Field(
+        default=None,
+        description="files/s3: where one day's files are under path/prefix, a template of {yyyy}, {mm} and {dd} "
+        "(e.g. year={yyyy}/month={mm}/day={dd}); `lakehouse ingest SOURCE --date D` loads that day's prefix only",
+    )
+    path_columns: list[PathColumn] = Field(
+        default_factory=list,
+        description="files/s3: Hive-style `name=value` path segments that become typed columns of every row "
+        "(null when a file's key has no such segment)",
+    )
     columns: list[ColumnSpec] = Field(
         default_factory=list,
         description="declared columns: their types are what files are read as (matched by name); other columns "
@@ -374,6 +408,11 @@ class Source(Entity):
     partition_size_rows: int = Field(default=1_000_000, ge=1)
     max_partitions: int = Field(default=64, ge=1)
     fetchsize: int = Field(default=10_000, ge=1)
+    max_parallel_queries: int | None = Field(
+        default=None, ge=1,
+        description="partitioned jdbc: at most this many partition queries open against the source at once "
+        "(the partitions are read in waves of this many, each wave one Spark JDBC read); empty = all at once",
+    )
     # iceberg (an existing table read as a source)
     table_identifier: str | None = None
     # recovery: an alternative source to fail over to until lineage routing takes over
@@ -390,6 +429,18 @@ class Source(Entity):
             raise ValueError("a files source needs a path")
         if self.kind == "s3" and not self.bucket:
             raise ValueError("an s3 source needs a bucket")
+        if (self.dated_layout or self.path_columns) and self.kind not in ("files", "s3"):
+            raise ValueError(f"dated_layout and path_columns apply to files and s3 sources, not {self.kind}")
+        if self.dated_layout:
+            if problem := dated_layout_problem(self.dated_layout):
+                raise ValueError(f"dated_layout {self.dated_layout!r}: {problem}")
+        names = [c.name.lower() for c in self.path_columns]
+        if len(set(names)) != len(names):
+            raise ValueError(f"path_columns: a column named twice in {names}")
+        clash = set(names) & ({c.name.lower() for c in self.columns} | {p.column.lower() for p in self.promote_fields}
+                              | {"_source_file", "_ingested_at"})
+        if clash:
+            raise ValueError(f"path_columns {sorted(clash)}: already a declared, promoted or lineage column")
         if self.kind == "jdbc":
             if not (self.jdbc_url or self.jdbc_url_env):
                 raise ValueError("a jdbc source needs jdbc_url or jdbc_url_env")
@@ -401,6 +452,9 @@ class Source(Entity):
                 raise ValueError("an incremental jdbc source needs watermark_column and primary_key")
             if self.partitioned and not self.partition_column:
                 raise ValueError("a partitioned jdbc source needs partition_column")
+        if self.max_parallel_queries is not None and not (self.kind == "jdbc" and self.partitioned):
+            raise ValueError("max_parallel_queries caps a partitioned jdbc read: the source needs kind: jdbc "
+                             "and partitioned: true")
         if self.kind == "iceberg" and not self.table_identifier:
             raise ValueError("an iceberg source needs table_identifier")
         return self

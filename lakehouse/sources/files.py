@@ -11,6 +11,7 @@ from lakehouse.core import ExtractPlan, StageContext
 from lakehouse.ingest import files as file_ingest
 from lakehouse.ingest.arrivals import ArrivalDecision, poll_local
 from lakehouse.ingest.checkpoints import processed_files
+from lakehouse.ingest.dated import only_day
 from lakehouse.ingest.files import FileRef, landing_root, list_local_files, local_etag
 from lakehouse.ingest.paths import confine, walk_files
 from lakehouse.sources.base import register
@@ -28,7 +29,7 @@ class FilesAdapter(FileSourceAdapter):
     def plan(self, ctx: StageContext, src: Source, plan: ExtractPlan) -> None:
         """The landing directory's files not yet on main and not claimed by another live run."""
         landing = ctx.platform.settings.landing_dir
-        found = list_local_files(src, landing)
+        found = only_day(src, list_local_files(src, landing), ctx.run_tags)  # a dated run: that day alone
         tables = ctx.platform.tables()
         ident = ctx.target.identifier
         done = processed_files(ctx.platform, tables, ident) if tables.exists(ident) else set()

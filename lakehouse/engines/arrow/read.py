@@ -120,6 +120,8 @@ def read_prepared(prepared: PreparedFiles, files: list[FileRef], object_uri: Cal
         out = out.drop_columns(["_source_file"])
     for pf in source.promote_fields:
         out = out.append_column(pf.column, _field_path(out, pf.path))
+    if source.path_columns:  # Hive-style `name=value` segments of each file's key (lakehouse.ingest.dated)
+        out = _with_path_columns(out, source, files, [len(t) for t in parts])
     if source.lineage_columns:
         now = pa.scalar(dt.datetime.now(dt.UTC), UTC_US)
         out = out.append_column("_source_file", src_file)
@@ -183,3 +185,21 @@ class ArrowFilesReader:
 
     def check(self, files: list[FileRef]) -> None:
         self.frame(files)
+
+
+PATH_COLUMN_ARROW = {"int": pa.int32(), "bigint": pa.int64(), "string": pa.string(), "date": pa.date32()}
+
+
+def _with_path_columns(out: pa.Table, source, files: list[FileRef], rows: list[int]) -> pa.Table:
+    """The declared path columns, typed as on Spark (a missing or unfitting value is null)."""
+    from lakehouse.ingest.dated import path_value, typed_value
+
+    for col in source.path_columns:
+        values = []
+        for f, n in zip(files, rows, strict=True):
+            values += [typed_value(path_value(f.key, col.name), col.type)] * n
+        arr = pa.array(values, PATH_COLUMN_ARROW[col.type])
+        at = out.schema.get_field_index(col.name)  # the table's own column (reconciled as null): replaced
+        out = out.set_column(at, col.name, arr) if at >= 0 else out.append_column(col.name, arr)
+    return out
+
