@@ -469,8 +469,9 @@ def plan_ranges(conn: JdbcConnection, spark: SparkSession, src: Source, last: An
         out["split"] = "quantile"
         out["predicates"] = range_predicates(d, src.partition_column, cuts)
         out["num_partitions"] = len(out["predicates"])
-    elif isinstance(lo, datetime):
-        # Spark 3.5 refuses timestamp_ntz as partitionColumn: the same stride ranges, as predicates
+    elif isinstance(lo, datetime) or (src.max_parallel_queries and n > src.max_parallel_queries):
+        # Spark 3.5 refuses timestamp_ntz as partitionColumn, and a capped read runs its partitions
+        # in waves (read_waves): the same stride ranges, as predicates
         edges = sorted({from_number(e, lo) for e in uniform_edges(lo, hi, n)} - {lo})
         out["mode"] = "predicates"
         out["split"] = "uniform"
@@ -496,8 +497,25 @@ def _bound(value: Any, upper: bool = False) -> str:
 # --------------------------------------------------------------------------- reading
 
 
-def read_source(spark: SparkSession, conn: JdbcConnection, src: Source, details: dict[str, Any]) -> DataFrame:
-    """The DataFrame over the source window, split as planned."""
+def waves(src: Source, details: dict[str, Any]) -> list[list[str]] | None:
+    """The planned partition predicates in waves of `max_parallel_queries` (None: one read of them all).
+
+    Spark's JDBC reader runs one query per partition task, as many at once as the cluster has task
+    slots; a connection pool bounds runs, not the tasks of one read. A capped read therefore reads
+    its partitions a wave at a time: each wave is one Spark JDBC read over at most N predicates,
+    staged (appended to the run's Parquet copy) before the next starts, so at most N queries are
+    ever open against the source for this read."""
+    ranges = details.get("ranges") or {}
+    cap = src.max_parallel_queries
+    if not cap or ranges.get("mode") != "predicates" or len(ranges["predicates"]) <= cap:
+        return None
+    preds = ranges["predicates"]
+    return [preds[i:i + cap] for i in range(0, len(preds), cap)]
+
+
+def read_source(spark: SparkSession, conn: JdbcConnection, src: Source, details: dict[str, Any],
+                predicates: list[str] | None = None) -> DataFrame:
+    """The DataFrame over the source window, split as planned (`predicates`: one wave of them)."""
     d = conn.dialect
     last = decode_watermark(details.get("watermark_last"))
     high = decode_watermark(details.get("watermark_high"))
@@ -505,7 +523,7 @@ def read_source(spark: SparkSession, conn: JdbcConnection, src: Source, details:
     ranges = details.get("ranges") or {"mode": "single"}
     if ranges["mode"] == "predicates":
         props = conn.properties()
-        return spark.read.jdbc(conn.url, rel, predicates=ranges["predicates"], properties=props)
+        return spark.read.jdbc(conn.url, rel, predicates=predicates or ranges["predicates"], properties=props)
     reader = conn.reader(spark).option("dbtable", rel)
     odd = [c for c in reader.load().columns if d.quote_close in c]
     if odd:  # Spark projects columns by pasting them in quotes unescaped
@@ -587,16 +605,21 @@ def plan(runner: StageContext, src: Source, plan: ExtractPlan) -> None:
     path = staging_path(runner, src)
     if path.exists():
         shutil.rmtree(path)
-    df = read_source(spark, conn, src, details)
-    # Parquet refuses some column names (spaces, ',;{}()=') that databases and Iceberg allow:
-    # stage under positional names and restore the real ones when loading.
-    details["columns"] = list(df.columns)
-    df = df.toDF(*[f"c{i}" for i in range(len(df.columns))])
-    try:
-        df.write.mode("overwrite").parquet(str(path))
-    except Exception as exc:  # noqa: BLE001 - the driver's message may echo connection properties
-        raise JdbcSourceError(f"source {src.source_id!r}: reading {_redact_url(conn.url)} failed: "
-                              f"{conn.scrub(str(exc))[:800]}") from None
+    parts = waves(src, details)
+    if parts:
+        details["waves"] = len(parts)
+        details["max_parallel_queries"] = src.max_parallel_queries
+    for wave, preds in enumerate(parts or [None]):
+        df = read_source(spark, conn, src, details, preds)
+        # Parquet refuses some column names (spaces, ',;{}()=') that databases and Iceberg allow:
+        # stage under positional names and restore the real ones when loading.
+        details["columns"] = list(df.columns)
+        df = df.toDF(*[f"c{i}" for i in range(len(df.columns))])
+        try:  # a capped read: wave after wave, each staged before the next one's queries start
+            df.write.mode("overwrite" if wave == 0 else "append").parquet(str(path))
+        except Exception as exc:  # noqa: BLE001 - the driver's message may echo connection properties
+            raise JdbcSourceError(f"source {src.source_id!r}: reading {_redact_url(conn.url)} failed: "
+                                  f"{conn.scrub(str(exc))[:800]}") from None
     plan.staged_path = str(path)
     details["rows_read"] = spark.read.parquet(str(path)).count()
     runner.log.info("jdbc source %s: staged %d rows (%s, %s)", src.source_id, details["rows_read"],
@@ -656,6 +679,7 @@ def after_publish(runner: StageContext, plan: ExtractPlan, outcome: StageOutcome
     if d.get("watermark_high"):
         outcome.extra["watermark"] = str(decode_watermark(d["watermark_high"]))
     if d.get("ranges"):
-        outcome.extra["read_ranges"] = f"{d['ranges']['mode']} x{d['ranges']['num_partitions']}"
+        outcome.extra["read_ranges"] = f"{d['ranges']['mode']} x{d['ranges']['num_partitions']}" + (
+            f" in {d['waves']} waves of <= {d['max_parallel_queries']}" if d.get("waves") else "")
     if plan.staged_path:  # a failed run keeps its copy for inspection
         shutil.rmtree(plan.staged_path, ignore_errors=True)

@@ -455,6 +455,10 @@ class Source(Entity):
         if self.max_parallel_queries is not None and not (self.kind == "jdbc" and self.partitioned):
             raise ValueError("max_parallel_queries caps a partitioned jdbc read: the source needs kind: jdbc "
                              "and partitioned: true")
+        if self.max_parallel_queries is not None and \
+                self.options.get("staging", "true").lower() in ("false", "0", "no"):
+            raise ValueError("max_parallel_queries reads the partitions in waves staged one after another: "
+                             "it needs the staged copy (drop options.staging: false)")
         if self.kind == "iceberg" and not self.table_identifier:
             raise ValueError("an iceberg source needs table_identifier")
         return self
