@@ -92,6 +92,8 @@ def test_max_parallel_queries_caps_the_open_partition_queries(platform, postgres
     uncapped, _ = load(platform, postgres_server, src_db, tmp_path, "uncapped", cap=None)
     capped1, details1 = load(platform, postgres_server, src_db, tmp_path, "capped1", cap=1)
     assert details1["waves"] == 8
+    print(f"max open partition queries: cap 2 -> {seen}, cap 1 -> {capped1}, uncapped -> {uncapped} "
+          f"(task slots {slots})")
     assert capped1 == 1
     assert uncapped == min(slots, 8) > 1  # without a cap Spark opens a query per task slot
 
