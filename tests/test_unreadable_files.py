@@ -450,3 +450,19 @@ def test_arrow_a_run_of_only_unreadable_files_quarantines_them_all(lake, tmp_pat
 @pytest.mark.slow
 def test_spark_a_run_of_only_unreadable_files_quarantines_them_all(platform, tmp_path, unique_ns):
     _only_bad_files_case(platform, tmp_path, unique_ns, "spark")
+
+
+def test_spark_is_told_to_read_zst_with_a_codec_its_own_jars_hold(settings):
+    """`.zst` on Spark rests on aircompressor's pure-Java ZstdCodec, which Spark ships (for ORC); a
+    Spark whose jars lack it would quarantine every `.zst` file again: this says so first."""
+    import zipfile
+    from pathlib import Path
+
+    import pyspark
+
+    from lakehouse.spark import ZSTD_CODEC, spark_conf
+
+    assert spark_conf(settings)["spark.hadoop.io.compression.codecs"] == ZSTD_CODEC
+    entry = ZSTD_CODEC.replace(".", "/") + ".class"
+    jars = sorted((Path(pyspark.__file__).parent / "jars").glob("aircompressor-*.jar"))
+    assert any(entry in zipfile.ZipFile(j).namelist() for j in jars), jars
