@@ -63,6 +63,10 @@ def catalog_conf(settings: Settings) -> dict[str, str]:
     return conf
 
 
+#: a pure-Java Hadoop codec for `.zst` (aircompressor, on Spark's own classpath since Spark 3.x)
+ZSTD_CODEC = "io.airlift.compress.zstd.ZstdCodec"
+
+
 def spark_conf(settings: Settings, app_name: str = "lakehouse") -> dict[str, str]:
     """Session settings: Iceberg extensions, jars, the catalog, and sane defaults for small machines."""
     jars: list[str] = []
@@ -92,6 +96,10 @@ def spark_conf(settings: Settings, app_name: str = "lakehouse") -> dict[str, str
         "spark.driver.extraJavaOptions": "-Dderby.system.home=/tmp",
         # Hadoop chmods each file it writes (warehouse data and metadata) itself: owner-only by default
         "spark.hadoop.fs.permissions.umask-mode": hadoop_umask(settings.umask),
+        # `.zst` inputs (JSON lines, CSV): Hadoop's own ZStandardCodec needs libhadoop's native zstd,
+        # absent from pip-installed Spark; aircompressor's pure-Java codec (a jar Spark ships) reads
+        # them. Codecs named here take precedence over the discovered ones for their extension.
+        "spark.hadoop.io.compression.codecs": ZSTD_CODEC,
     }
     if jars:
         conf["spark.jars"] = ",".join(jars)

@@ -250,10 +250,8 @@ def _compressed_landing(platform, fmt: str, engine: str) -> tuple[list[str], dic
         (root / name).write_bytes(data)
     quarantined = {f"gzmagic.{ext}": "gzip-compressed but the file name", f"bzmagic.{ext}": "bzip2-compressed but",
                    f"zsmagic.{ext}": "zstd-compressed but"}
-    for stem in ("plain", "gz", "bz") + (("zs",) if engine == "arrow" else ()):
+    for stem in ("plain", "gz", "bz", "zs"):  # Spark reads .zst with aircompressor's pure-Java codec
         want += [f"{stem}-{i}" for i in range(3)]
-    if engine == "spark":  # Spark's Hadoop codec for .zst needs libhadoop's native zstd, absent here
-        quarantined[f"zs.{ext}.zst"] = "zStandard"
     return sorted(want), quarantined
 
 
@@ -264,6 +262,9 @@ def _compressed_case(platform, tmp_path, ns, engine, fmt):
     assert outcome.published
     assert ids(platform, ident) == want
     assert_quarantined(platform, ident, runner, outcome, quarantined)
+    ext = "jsonl" if fmt == "jsonl" else "csv"
+    for name in (f"gz.{ext}.gz", f"bz.{ext}.bz2", f"zs.{ext}.zst"):  # recorded under its own name
+        assert statuses(platform, ident)[name][0] == "processed", name
     assert refs(platform, ident) == {"main"}
 
 
@@ -274,7 +275,7 @@ def test_arrow_reads_gzip_bzip2_and_zstd_by_name_and_quarantines_unnamed_compres
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
-def test_spark_reads_gzip_and_bzip2_by_name_and_quarantines_what_it_cannot(platform, tmp_path, unique_ns, fmt):
+def test_spark_reads_gzip_bzip2_and_zstd_by_name_and_quarantines_unnamed_compression(platform, tmp_path, unique_ns, fmt):
     _compressed_case(platform, tmp_path, unique_ns, "spark", fmt)
 
 
@@ -449,3 +450,19 @@ def test_arrow_a_run_of_only_unreadable_files_quarantines_them_all(lake, tmp_pat
 @pytest.mark.slow
 def test_spark_a_run_of_only_unreadable_files_quarantines_them_all(platform, tmp_path, unique_ns):
     _only_bad_files_case(platform, tmp_path, unique_ns, "spark")
+
+
+def test_spark_is_told_to_read_zst_with_a_codec_its_own_jars_hold(settings):
+    """`.zst` on Spark rests on aircompressor's pure-Java ZstdCodec, which Spark ships (for ORC); a
+    Spark whose jars lack it would quarantine every `.zst` file again: this says so first."""
+    import zipfile
+    from pathlib import Path
+
+    import pyspark
+
+    from lakehouse.spark import ZSTD_CODEC, spark_conf
+
+    assert spark_conf(settings)["spark.hadoop.io.compression.codecs"] == ZSTD_CODEC
+    entry = ZSTD_CODEC.replace(".", "/") + ".class"
+    jars = sorted((Path(pyspark.__file__).parent / "jars").glob("aircompressor-*.jar"))
+    assert any(entry in zipfile.ZipFile(j).namelist() for j in jars), jars

@@ -271,10 +271,10 @@ def spark_frame(spark: SparkSession, source: Source, good: list[FileRef], prepar
     """Spark's frame over loadable prepared files, with the lineage columns the source asks for."""
     from pyspark.sql import functions as F
 
-    df = prepared.read(spark, good)
     if not (source.lineage_columns or source.path_columns):
-        return df
+        return prepared.read(spark, good)
     staged = {f.local_path: f for f in good if f.local_path and f.local_path != f.key and "://" not in f.local_path}
+    names = None
     if staged and object_uri is not None:
         # staged copies have opaque names: report the object each row came from
         from pathlib import Path
@@ -282,19 +282,40 @@ def spark_frame(spark: SparkSession, source: Source, good: list[FileRef], prepar
         pairs = []
         for p, f in staged.items():
             pairs += [F.lit(Path(p).resolve().as_uri()), F.lit(object_uri(f))]
-        src_file = F.element_at(F.create_map(*pairs), F.input_file_name())
-    else:
-        src_file = F.input_file_name()
-    for pc in source.path_columns:  # Hive-style `name=value` segments of the file's path (lakehouse.ingest.dated)
-        from lakehouse.ingest.dated import segment_pattern
+        names = F.create_map(*pairs)
+    added = [pc.name for pc in source.path_columns] + (["_source_file"] if source.lineage_columns else [])
 
-        value = F.regexp_extract(src_file, segment_pattern(pc.name), 1)
-        value = F.when(value == "", F.lit(None)).otherwise(value)
-        df = df.withColumn(pc.name, value.cast(pc.type))
+    def with_source_file(df: DataFrame) -> DataFrame:
+        path = source_file_column(df)
+        src_file = path if names is None else F.element_at(names, path)
+        for pc in source.path_columns:  # Hive-style `name=value` segments of the file's path (lakehouse.ingest.dated)
+            from lakehouse.ingest.dated import segment_pattern
+
+            value = F.regexp_extract(src_file, segment_pattern(pc.name), 1)
+            df = df.withColumn(pc.name, F.when(value == "", F.lit(None)).otherwise(value).cast(pc.type))
+        return df.withColumn("_source_file", src_file) if source.lineage_columns else df
+
+    df = prepared.read(spark, good, each=with_source_file)
+    if source.promote_fields:  # promoted columns came after them: keep the table's column order
+        from lakehouse.sql_text import quote
+
+        df = df.select(*[F.col(quote(c)) for c in df.columns if c not in added], *[F.col(quote(c)) for c in added])
     if not source.lineage_columns:
         return df
-    df = df.withColumn("_source_file", src_file)
     return df.withColumn("_ingested_at", F.current_timestamp())
+
+
+def source_file_column(df: DataFrame):
+    """The file each row of `df` (a file reader's frame) came from, spelt as `input_file_name()`
+    spells it (`file:///...` for a local file) but deterministic: Spark's hidden file metadata column
+    `_metadata.file_path` (`file:/...`, otherwise the same encoding). A nondeterministic expression
+    such as `input_file_name()` may not reach a MERGE (INVALID_NON_DETERMINISTIC_EXPRESSIONS).
+    A file with its own `_metadata` column hides Spark's: `input_file_name()` then."""
+    from pyspark.sql import functions as F
+
+    if any(c.lower() == "_metadata" for c in df.columns):
+        return F.input_file_name()
+    return F.regexp_replace(F.col("_metadata.file_path"), "^file:/+", "file:///")
 
 
 def checked_files(runner: StageContext, chunk: list[FileRef]) -> tuple[list[FileRef], list[FileRef]]:

@@ -29,6 +29,8 @@ from lakehouse.ingest.reconcile import FAIL, QUARANTINE, Decision, compare, merg
 from lakehouse.metadata.spark_types import parse_ddl_type as _parse_ddl_type
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import DataType, StructType
 
@@ -57,12 +59,16 @@ class PreparedFiles:
     decisions: dict[str, Decision] = field(default_factory=dict)
     inferred: bool = False  # direct s3a:// reads: nothing local to probe, Spark infers (no isolation)
 
-    def read(self, spark: SparkSession, files: list[FileRef]) -> DataFrame:
-        """One frame over `files` (all loadable), exactly in the reconciled schema."""
+    def read(self, spark: SparkSession, files: list[FileRef],
+             each: Callable[[DataFrame], DataFrame] | None = None) -> DataFrame:
+        """One frame over `files` (all loadable), exactly in the reconciled schema. `each`: applied to
+        each reader's frame before they are united (Spark's hidden `_metadata` column, which
+        `lakehouse.ingest.checkpoints.spark_frame` reads, does not pass a union)."""
+        each = each or (lambda df: df)
         if self.inferred or self.schema is None:
             from lakehouse.ingest.files import read_files
 
-            return read_files(spark, self.source, files)
+            return each(read_files(spark, self.source, files))
         groups: dict[str, list[FileRef]] = {}
         for f in files:
             groups.setdefault(self.read_keys[f.key], []).append(f)
@@ -70,7 +76,7 @@ class PreparedFiles:
         for refs in groups.values():
             own = self.read_schemas[refs[0].key]
             df = _reader(spark, self.source, own, [f.local_path or f.key for f in refs])
-            frames.append(conform(df, own, self.schema))
+            frames.append(each(conform(df, own, self.schema)))
         out = frames[0]
         for other in frames[1:]:
             out = out.unionByName(other)
