@@ -10,6 +10,8 @@ text), in Spark SQL's semantics, the platform's reference dialect. Each engine o
 A predicate is TRUE when the row passes; NULL never escapes (`COALESCE(..., FALSE)`: a NULL value
 fails every rule but `not_null` on another column). A new row rule kind is one more branch of
 `row_predicate`; its outcome and message are `lakehouse.validation.rules.row_outcome`, shared too.
+`freshness` is written here too: the instant a column holds (`instant`, whose newest both engines
+take) and its stale rows (`stale_predicate`); its outcome is `rules.freshness_outcome`.
 
 What stays per engine, because the engines' semantics force it:
 
@@ -28,6 +30,7 @@ What stays per engine, because the engines' semantics force it:
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -127,3 +130,16 @@ def passes_or_null(rule: Rule, columns: list[str],
     if rule.type == "regex":
         return exp.RegexpLike(this=text_of(rule.column), expression=exp.Literal.string(rule.pattern or ""))
     raise RuleError(f"rule {rule.name!r}: {rule.type} is not a row rule")
+
+
+def instant(name: str) -> exp.Expression:
+    """The column read as an instant, as Spark's CAST(... AS TIMESTAMP) reads it (a date or a
+    naive timestamp at the session time zone): what `freshness` takes the newest of."""
+    return exp.cast(column(name), "timestamp")
+
+
+def stale_predicate(rule: Rule, columns: list[str], cutoff: dt.datetime) -> exp.Expression:
+    """TRUE for a row of a `freshness` rule older than `cutoff` (naive UTC), or with no instant."""
+    require_columns(columns, rule, [rule.column])
+    at = exp.cast(exp.Literal.string(cutoff.replace(tzinfo=dt.UTC).isoformat(sep=" ")), "timestamp")
+    return exp.func("coalesce", exp.paren(instant(rule.column) < at, copy=False), exp.true())

@@ -568,6 +568,25 @@ def unique_outcome(r: Rule, dups: int, keys: int, rows: int, sample: list[dict[s
                         details={"duplicate_keys": keys})
 
 
+def freshness_cutoff(r: Rule, now: dt.datetime) -> dt.datetime:
+    return now - dt.timedelta(seconds=r.max_age_seconds or 0)
+
+
+def is_fresh(r: Rule, newest: dt.datetime | None, now: dt.datetime) -> bool:
+    return newest is not None and (now - newest).total_seconds() <= (r.max_age_seconds or 0)
+
+
+def freshness_outcome(r: Rule, newest: dt.datetime | None, now: dt.datetime, stale: int, total: int,
+                      sample: list[dict[str, Any]], counted_from: str) -> CheckOutcome:
+    """A `freshness` rule's outcome from the newest instant (naive UTC) and the stale rows (counted
+    only when it fails), whichever engine found them."""
+    age = (now - newest).total_seconds() if newest is not None else None
+    return CheckOutcome(r, is_fresh(r, newest, now), stale, total, describe(r), sample,
+                        message=(f"newest {r.column} is {newest} ({age:.0f}s old, limit {r.max_age_seconds}s)"
+                                 if age is not None else f"no {r.column} values"),
+                        details={"newest": str(newest), "age_seconds": age, "counted_from": counted_from})
+
+
 def action_outcome(r: Rule, actions: ActionCounts) -> CheckOutcome:
     """A drop/quarantine rule's outcome from the counts of the split its rows went through."""
     if r.name in actions.errors:
@@ -611,22 +630,15 @@ def dataset_rule(df: DataFrame | None, r: Rule, total: int, context: dict[str, A
         newest = known[r.column] if r.column in known else \
             _from_epoch(df.agg(F.max(_col(r.column).cast("timestamp").cast("double"))).collect()[0][0])
         now = context.get("now") or dt.datetime.now(dt.UTC).replace(tzinfo=None)
-        age = (now - newest).total_seconds() if newest is not None else None
-        ok = age is not None and age <= (r.max_age_seconds or 0)
         stale = 0
         sample: list[dict[str, Any]] = []
-        if not ok and total:
-            cutoff = now - dt.timedelta(seconds=r.max_age_seconds or 0)
-            cutoff_epoch = cutoff.replace(tzinfo=dt.UTC).timestamp()
-            late = df.where(F.coalesce(_col(r.column).cast("timestamp").cast("double") < F.lit(cutoff_epoch),
-                                       F.lit(True)))
+        if not is_fresh(r, newest, now) and total:
+            late = df.where(F.expr(predicates.stale_predicate(r, df.columns, freshness_cutoff(r, now))
+                                   .sql(dialect="spark")))
             stale = late.count()
             sample = _sample(late)
-        return CheckOutcome(r, ok, stale, total, expr, sample,
-                            message=(f"newest {r.column} is {newest} ({age:.0f}s old, limit {r.max_age_seconds}s)"
-                                     if age is not None else f"no {r.column} values"),
-                            details={"newest": str(newest), "age_seconds": age,
-                                     "counted_from": context.get("_newest_from", {}).get(r.column, "rows")})
+        return freshness_outcome(r, newest, now, stale, total, sample,
+                                 context.get("_newest_from", {}).get(r.column, "rows"))
     if r.type == "schema_contract":
         drift = context.get("schema_drift", {}).get(r.name) or schema_drift(df, r)
         return contract_outcome(r, drift, total, {c.name: nulls.get(c.name, 0) for c in r.expected_columns

@@ -29,6 +29,9 @@ from lakehouse.validation.rules import (
     action_outcome,
     dataset_rule,
     describe,
+    freshness_cutoff,
+    freshness_outcome,
+    is_fresh,
     label_scopes,
     row_outcome,
     unique_outcome,
@@ -242,6 +245,8 @@ def evaluate(new: pa.Table, rules: list[Rule], context: dict[str, Any]) -> list[
                 outcomes[r.name] = row_outcome(r, failed, total, _sample(new, fail) if failed else [], "arrow")
             elif r.type == "unique":
                 outcomes[r.name] = _unique(r, context["table"], int(context.get("row_count_after") or total))
+            elif r.type == "freshness":
+                outcomes[r.name] = _freshness(r, new, context)
             else:
                 outcomes[r.name] = dataset_rule(None, r, total, {**context, "_total_from": "arrow"}, {})
         except RuleError as exc:  # as evaluate_rules: a row rule's error counts no rows
@@ -270,3 +275,31 @@ def _unique(r: Rule, table: pa.Table, rows: int) -> CheckOutcome:
               for row in dup.slice(0, SAMPLE_ROWS).to_pylist()] if dups else []
     return unique_outcome(r, dups, nkeys, rows, sample)
 
+
+
+def _freshness(r: Rule, table: pa.Table, context: dict[str, Any]) -> CheckOutcome:
+    """The newest instant of the rule's column and, when it is too old, the stale rows: the shared
+    `predicates.instant` / `stale_predicate` in DuckDB, the shared `freshness_outcome`."""
+    import datetime as dt
+
+    import duckdb
+
+    from lakehouse.sqlparse import DuckdbSqlError, condition_to_duckdb
+
+    tz = context.get("time_zone", "UTC")
+    rows = _Rows(table, tz)
+    predicates.require_columns(table.column_names, r, [r.column])
+    now = context.get("now") or dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    try:
+        newest_of = exp.Max(this=condition_to_duckdb(predicates.instant(r.column)))
+        stale_tree = condition_to_duckdb(predicates.stale_predicate(r, table.column_names, freshness_cutoff(r, now)))
+        newest = _query(rows.relation([newest_of]), [newest_of], tz).column(0)[0].as_py()
+        newest = None if newest is None else newest.astimezone(dt.UTC).replace(tzinfo=None)
+        stale, sample = 0, []
+        if not is_fresh(r, newest, now) and table.num_rows:
+            mask = pc.fill_null(_query(rows.relation([stale_tree]), [stale_tree], tz).column(0), True)
+            stale = pc.sum(mask.cast(pa.int64())).as_py() or 0
+            sample = _sample(table, mask)
+    except (DuckdbSqlError, duckdb.Error) as exc:
+        raise _not_valid(r, exc) from exc
+    return freshness_outcome(r, newest, now, stale, table.num_rows, sample, "arrow")
