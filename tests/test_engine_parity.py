@@ -63,6 +63,8 @@ RULES = [
     Rule(name="regex_d", type="regex", column="d", pattern="^(NaN|10[.]0|-1[.]0)$"),
     Rule(name="regex_ts", type="regex", column="ts", pattern="^2024-0[12]-[0-9]{2} 00:00:00$"),
     Rule(name="regex_day", type="regex", column="day", pattern="^2024-01"),
+    Rule(name="regex_escapes", type="regex", column="n", pattern=r"^\d$"),  # a backslash and a quote reach
+    Rule(name="regex_quote", type="regex", column="s", pattern="^[^'b]+$"),  # both engines' SQL as written
     Rule(name="expr", type="expression", expression="n > 1 AND s <> 'b'"),
     Rule(name="expr_ts", type="expression", expression="ts >= '2024-01-01' OR day IS NULL"),
     Rule(name="bad_column", type="not_null", columns=["missing"]),
