@@ -219,3 +219,23 @@ def test_arrow_schemas_map_to_the_iceberg_schema_spark_creates():
         arrow_to_iceberg(pa.schema([("ns", pa.timestamp("ns"))]))
     with pytest.raises(ValueError, match="column 'span': .*month_day_nano_interval"):
         arrow_to_iceberg(pa.schema([("span", pa.month_day_nano_interval())]))
+
+
+def test_a_rule_is_one_predicate_rendered_for_each_engine_with_names_and_values_quoted():
+    """The one definition (lakehouse.validation.predicates): identifiers quoted, values typed
+    literals, in Spark SQL and in DuckDB; an odd column name and a value with quotes stay data."""
+    from lakehouse.engines.arrow.rules import passes
+    from lakehouse.sqlparse import condition_to_duckdb
+    from lakehouse.validation.predicates import row_predicate
+
+    odd = "we`ird \"col'"
+    rule = Rule(name="av", type="accepted_values", column=odd, values=["it's", 'x") OR (1=1'])
+    tree = row_predicate(rule, [odd])
+    assert tree.sql(dialect="spark") == "COALESCE((`we``ird \"col'` IN ('it\\'s', 'x\") OR (1=1')), FALSE)"
+    assert condition_to_duckdb(tree).sql(dialect="duckdb") == \
+        "COALESCE((\"we`ird \"\"col'\" IN ('it''s', 'x\") OR (1=1')), FALSE)"
+    table = pa.table({odd: ["it's", 'x") OR (1=1', "y", None]})
+    assert passes(rule, table).to_pylist() == [True, True, False, False]
+    ranged = Rule(name="r", type="range", column="n", min=0.5, max=10)
+    assert row_predicate(ranged, ["n"]).sql(dialect="spark") == \
+        "COALESCE((`n` >= CAST('0.5' AS DOUBLE) AND `n` <= CAST('10.0' AS DOUBLE)), FALSE)"
