@@ -312,6 +312,14 @@ def expression_to_duckdb(expression: str) -> str:
         tree = sqlglot.parse_one(expression, read=DIALECT, into=exp.Condition)
     except SqlglotError as exc:
         raise DuckdbSqlError(f"cannot parse the expression: {str(exc).splitlines()[0]}") from exc
+    return condition_to_duckdb(tree).sql(dialect="duckdb")
+
+
+def condition_to_duckdb(tree: exp.Expression) -> exp.Expression:
+    """A row-level condition in Spark SQL's semantics (a rule's predicate,
+    lakehouse.validation.predicates) as a tree DuckDB answers as Spark does, to be rendered with
+    `.sql(dialect="duckdb")`; DuckdbSqlError for what does not carry over (and for a file, URL,
+    setting or extension function: `refuse_external_access`)."""
     refuse_external_access(tree)
     varying = sorted({type(n).__name__.lower() for n in tree.find_all(*_NONDETERMINISTIC)})
     if varying:
@@ -319,7 +327,13 @@ def expression_to_duckdb(expression: str) -> str:
                              "cannot be counted")
     _refuse_divergent(tree, _RULE_FALLBACK)
     _refuse_unknown_functions(tree, _RULE_FALLBACK)
-    return _duckdb_text(tree, _RULE_FALLBACK)
+    tree = _as_spark_answers(tree, _RULE_FALLBACK)
+    try:
+        tree.sql(dialect="duckdb", unsupported_level=ErrorLevel.RAISE)
+    except SqlglotError as exc:
+        raise DuckdbSqlError(f"does not transpile from Spark SQL to DuckDB: {str(exc).splitlines()[0]}; "
+                             f"rewrite it or {_RULE_FALLBACK}") from exc
+    return tree
 
 
 #: casts whose answer Spark (ANSI off) and DuckDB give differently for some input type, which a rule

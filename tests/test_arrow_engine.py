@@ -140,9 +140,10 @@ def test_auto_picks_arrow_below_the_threshold_and_spark_above_or_where_arrow_can
     apply(lake, tmp_path, engine="auto", meta=meta)
     assert choice(lake, 1000).reason == "auto: 1000 bytes planned > 500 (platform setting engine.arrow_max_bytes)"
 
-    apply(lake, tmp_path, engine="auto", rules="- {name: fresh, type: freshness, column: ts, max_age_seconds: 60}")
+    apply(lake, tmp_path, engine="auto", rules="- {name: contract, type: schema_contract, "
+                                                "expected_columns: [{name: id, type: bigint}]}")
     fallback = choice(lake, 10)
-    assert fallback.engine == "spark" and "rule type(s) freshness are evaluated by Spark" in fallback.reason
+    assert fallback.engine == "spark" and "rule type(s) schema_contract are evaluated by Spark" in fallback.reason
     apply(lake, tmp_path, engine="auto", rules="- {name: sampled, type: expression, expression: 'rand() < amount'}")
     fallback = choice(lake, 10)
     assert fallback.engine == "spark" and "rule 'sampled': expression 'rand() < amount' is evaluated by Spark (rand() " \

@@ -5,10 +5,15 @@ an Arrow table on the Arrow engine and a Spark DataFrame on the Spark engine; fo
 lakehouse.metadata.model the test asks each engine through the interface only:
 
 * `tag_failures`: the rules each row fails (`_failed_rules`), row by row: the same on both;
-* `evaluate`: each rule's outcome (passed, failing rows, rows counted, message): the same on both;
-* the kinds the Arrow engine does not evaluate (freshness, referential_integrity, schema_contract)
-  are refused for it when the metadata is validated (lakehouse.metadata.engine_support), so no
-  stage with such a rule ever reaches it.
+* the rows a drop / quarantine rule keeps and sets aside: the same on both;
+* `evaluate`: each rule's outcome (passed, failing rows, rows counted, message, sample): the same
+  on both;
+* the kinds the Arrow engine does not evaluate (referential_integrity reads another table,
+  schema_contract compares Spark type names) are refused for it when the metadata is validated
+  (lakehouse.metadata.engine_support), so no stage with such a rule ever reaches it.
+
+Row rules and freshness are written once (lakehouse.validation.predicates); this test is what
+holds the two renderings of each to the same answers.
 
 `expression` rules have their own, larger corpus (tests/test_expression_parity.py); file loads
 written by both engines are compared in tests/test_arrow_engine_spark.py. The fast tests at the end
@@ -58,6 +63,8 @@ RULES = [
     Rule(name="regex_d", type="regex", column="d", pattern="^(NaN|10[.]0|-1[.]0)$"),
     Rule(name="regex_ts", type="regex", column="ts", pattern="^2024-0[12]-[0-9]{2} 00:00:00$"),
     Rule(name="regex_day", type="regex", column="day", pattern="^2024-01"),
+    Rule(name="regex_escapes", type="regex", column="n", pattern=r"^\d$"),  # a backslash and a quote reach
+    Rule(name="regex_quote", type="regex", column="s", pattern="^[^'b]+$"),  # both engines' SQL as written
     Rule(name="expr", type="expression", expression="n > 1 AND s <> 'b'"),
     Rule(name="expr_ts", type="expression", expression="ts >= '2024-01-01' OR day IS NULL"),
     Rule(name="bad_column", type="not_null", columns=["missing"]),
@@ -67,10 +74,15 @@ RULES = [
     Rule(name="unique_n", type="unique", columns=["n"]),
     Rule(name="unique_n_s", type="unique", columns=["n", "s"]),
     Rule(name="unique_s_ci", type="unique", columns=["S"]),
+    Rule(name="fresh_ts", type="freshness", column="ts", max_age_seconds=3600),
+    Rule(name="fresh_ts_ok", type="freshness", column="ts", max_age_seconds=86400 * 2),
+    Rule(name="fresh_day", type="freshness", column="day", max_age_seconds=3600),
+    Rule(name="fresh_text", type="freshness", column="s", max_age_seconds=3600),
 ]
+#: what the freshness rules are measured against (naive UTC)
+NOW = dt.datetime(2024, 3, 1, 6)
 #: rule kinds only Spark evaluates: a stage with one is refused for the Arrow engine
 SPARK_ONLY = [
-    Rule(name="fresh", type="freshness", column="ts", max_age_seconds=60),
     Rule(name="ri", type="referential_integrity", columns=["n"], ref_dataset="other", ref_columns=["n"]),
     Rule(name="contract", type="schema_contract", expected_columns=[{"name": "id", "type": "bigint"}]),
 ]
@@ -126,15 +138,34 @@ def test_every_rule_has_the_same_outcome_on_both_engines(frames):
     outcomes = {}
     for name in ("spark", "arrow"):
         frame = frames[name]
-        context = {"table": frame, "previous_row_count": 5, "row_count_after": len(ROWS), "time_zone": "UTC"}
-        outcomes[name] = {o.rule.name: (o.passed, o.failed_rows, o.total_rows, o.message)
+        context = {"table": frame, "previous_row_count": 5, "row_count_after": len(ROWS), "time_zone": "UTC",
+                   "now": NOW}
+        outcomes[name] = {o.rule.name: (o.passed, o.failed_rows, o.total_rows, o.message,
+                                        sorted(r["id"] for r in o.sample if "id" in r))
                           for o in engine_for(name).evaluate(frame, RULES, context)}
     differ = {k: {"spark": outcomes["spark"][k], "arrow": outcomes["arrow"].get(k)}
               for k in outcomes["spark"] if outcomes["spark"][k] != outcomes["arrow"].get(k)}
-    # the one known difference: an unknown column's message names the columns each engine lists
-    assert set(differ) <= {"bad_column"}, differ
-    assert outcomes["arrow"]["bad_column"][:3] == outcomes["spark"]["bad_column"][:3] == (False, 0, 0)
+    assert not differ, differ
+    assert outcomes["arrow"]["bad_column"][:3] == (False, 0, 0)
     assert not outcomes["spark"]["unique_n"][0] and outcomes["spark"]["row_count_ok"][0]
+    assert outcomes["spark"]["fresh_ts_ok"][0] and not outcomes["spark"]["fresh_ts"][0]
+    assert outcomes["spark"]["fresh_ts"][1] == len(ROWS) and outcomes["spark"]["fresh_text"][3] == "no s values"
+
+
+@pytest.mark.slow
+def test_drop_and_quarantine_rules_split_the_same_rows_on_both_engines(frames):
+    actions = {"nn_s": "quarantine", "range_n": "quarantine", "av_s": "drop", "regex_n": "drop", "expr": "warn"}
+    acting = [r.model_copy(update={"action": actions[r.name]}) for r in RULES if r.name in actions]
+    split = {}
+    for name in ("spark", "arrow"):
+        tagged = _rows(name, engine_for(name).tag_failures(frames[name], acting, {}, "UTC"))
+        quarantine = {r.name for r in acting if r.action == "quarantine"}
+        drop = {r.name for r in acting if r.action == "drop"}
+        split[name] = {"quarantined": sorted(r["id"] for r in tagged if quarantine & set(r[FAILED_RULES_COLUMN])),
+                       "kept": sorted(r["id"] for r in tagged if not (quarantine | drop) & set(r[FAILED_RULES_COLUMN])),
+                       "tags": {r["id"]: r[FAILED_RULES_COLUMN] for r in tagged}}
+    assert split["arrow"] == split["spark"]
+    assert split["spark"]["quarantined"] and split["spark"]["kept"]
 
 
 @pytest.mark.slow
@@ -188,3 +219,23 @@ def test_arrow_schemas_map_to_the_iceberg_schema_spark_creates():
         arrow_to_iceberg(pa.schema([("ns", pa.timestamp("ns"))]))
     with pytest.raises(ValueError, match="column 'span': .*month_day_nano_interval"):
         arrow_to_iceberg(pa.schema([("span", pa.month_day_nano_interval())]))
+
+
+def test_a_rule_is_one_predicate_rendered_for_each_engine_with_names_and_values_quoted():
+    """The one definition (lakehouse.validation.predicates): identifiers quoted, values typed
+    literals, in Spark SQL and in DuckDB; an odd column name and a value with quotes stay data."""
+    from lakehouse.engines.arrow.rules import passes
+    from lakehouse.sqlparse import condition_to_duckdb
+    from lakehouse.validation.predicates import row_predicate
+
+    odd = "we`ird \"col'"
+    rule = Rule(name="av", type="accepted_values", column=odd, values=["it's", 'x") OR (1=1'])
+    tree = row_predicate(rule, [odd])
+    assert tree.sql(dialect="spark") == "COALESCE((`we``ird \"col'` IN ('it\\'s', 'x\") OR (1=1')), FALSE)"
+    assert condition_to_duckdb(tree).sql(dialect="duckdb") == \
+        "COALESCE((\"we`ird \"\"col'\" IN ('it''s', 'x\") OR (1=1')), FALSE)"
+    table = pa.table({odd: ["it's", 'x") OR (1=1', "y", None]})
+    assert passes(rule, table).to_pylist() == [True, True, False, False]
+    ranged = Rule(name="r", type="range", column="n", min=0.5, max=10)
+    assert row_predicate(ranged, ["n"]).sql(dialect="spark") == \
+        "COALESCE((`n` >= CAST('0.5' AS DOUBLE) AND `n` <= CAST('10.0' AS DOUBLE)), FALSE)"

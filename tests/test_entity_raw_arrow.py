@@ -174,9 +174,9 @@ def test_engine_choice_for_applications(lake, tmp_path):
     tight = app.model_copy(update={"arrow_max_bytes": 10})
     assert engines.choose_for_application(cat, tight, rules, 1000).reason == \
         "auto: 1000 bytes of files > 10 (application app arrow_max_bytes)"
-    spark_rule = [Rule(name="custom", type="freshness", column="ts", max_age_seconds=60)]
+    spark_rule = [Rule(name="custom", type="schema_contract", expected_columns=[{"name": "ts", "type": "timestamp"}])]
     fallback = engines.choose_for_application(cat, app, spark_rule, 10)
-    assert fallback.engine == "spark" and "rule type(s) freshness are evaluated by Spark" in fallback.reason
+    assert fallback.engine == "spark" and "rule type(s) schema_contract are evaluated by Spark" in fallback.reason
     with pytest.raises(ValueError, match="application app asks for engine arrow.*rule type"):
         engines.choose_for_application(cat, app.model_copy(update={"engine": "arrow"}), spark_rule, 10)
     daily = engines.choose_for_application(cat, app.model_copy(update={"partition_by_day": True}), rules, 10)

@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 
+from lakehouse.engines.types import arrow_schema
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.model import Rule
 from lakehouse.validation.file_metrics import FileMetrics, answerable_keys
@@ -98,8 +99,8 @@ def test_statistics_answer_exactly_what_the_rows_say(branch_table):
         assert value == pytest.approx(from_rows[key]), key
     assert answered["total"] == 5 and answered["f:id_present"] == 1 and answered["f:qty_range"] == 1
     assert answered["m:ts"] == pytest.approx((T0 + dt.timedelta(hours=5)).replace(tzinfo=dt.UTC).timestamp())
-    # what the Spark schema says statistics could answer (when the data passes), before any file exists
-    assert answerable_keys(rp, new_rows.schema) == {
+    # what the frame's schema says statistics could answer (when the data passes), before any file exists
+    assert answerable_keys(rp, arrow_schema(new_rows.schema)) == {
         "total", "f:id_present", "f:code_and_label", "f:qty_and_id", "f:qty_range", "f:qty_tight",
         "f:price_range", "f:amount_range", "m:ts", "m:day"}
     # the undecided keys are exactly the ones the rows decide differently from a naive reading

@@ -18,8 +18,12 @@ between them (`lakehouse.engines.choice`).
   exactly-once publish, with the engine's `write` and `audit`), on the engine's tables handle
   (`tables`).
 
-A rule kind is written once per engine against this interface; tests/test_engine_parity.py runs
-every rule kind through both engines' `tag_failures` and `evaluate` on the same rows. The idea is
+A row rule kind (and freshness) is written once, as a sqlglot predicate in Spark SQL's semantics
+(lakehouse.validation.predicates) that Spark evaluates as Spark SQL and the Arrow engine as DuckDB
+SQL; outcomes and messages are shared code (lakehouse.validation.rules); what the engines count
+their own way (unique, the Spark engine's statistics-answered counts) is said where it is.
+tests/test_engine_parity.py runs every rule kind through both engines' `tag_failures` and
+`evaluate` on the same rows. The idea is
 SQLMesh's engine adapters (one base the core talks to, a subclass per engine), without promising
 identical results where the engines differ: what the Arrow engine cannot answer as Spark does is
 refused when the metadata is validated (lakehouse.metadata.engine_support) and chosen away from

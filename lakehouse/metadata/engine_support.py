@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from lakehouse.metadata.model import Application, Rule, Source, Stage, Target
 
-#: rule types the Arrow engine evaluates (pyarrow.compute; `expression` in DuckDB); any other keeps a stage on Spark
+#: rule types the Arrow engine evaluates (the shared predicates of lakehouse.validation.predicates in DuckDB,
+#: unique with pyarrow); any other keeps a stage on Spark
 ARROW_RULES = frozenset({"row_count", "row_count_change", "not_null", "unique", "accepted_values", "range", "regex",
-                         "expression"})
+                         "expression", "freshness"})
 #: source kinds whose input the Arrow engine reads (local files, or S3 objects staged locally)
 ARROW_SOURCES = frozenset({"files", "s3"})
 ARROW_FORMATS = frozenset({"parquet", "csv", "jsonl"})

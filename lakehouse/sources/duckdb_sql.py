@@ -44,7 +44,11 @@ def connect(time_zone: str = DEFAULT_TIME_ZONE):
 
     con = duckdb.connect(config={"enable_external_access": False, "autoload_known_extensions": False,
                                  "autoinstall_known_extensions": False})
-    con.execute("SET TimeZone = ?", [time_zone])
+    # the zone as a quoted literal, not a bound parameter: DuckDB's Python binding imports pandas to
+    # inspect a parameter, ~300 modules an Arrow-only run does not load (lakehouse.pyarrow_probes)
+    from sqlglot import exp
+
+    con.execute(f"SET TimeZone = {exp.Literal.string(time_zone).sql(dialect='duckdb')}")
     con.execute("SET preserve_insertion_order = true")
     return con
 

@@ -19,12 +19,9 @@ from numbers import Real
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pyspark.sql.types import StructType
+    import pyarrow as pa
 
     from lakehouse.validation.rules import RowPass
-
-_NUMERIC_SPARK = ("ByteType", "ShortType", "IntegerType", "LongType", "FloatType", "DoubleType", "DecimalType")
-_TIME_SPARK = ("TimestampType", "TimestampNTZType", "DateType")
 _MICROS = 1_000_000
 _DAY = 86_400
 
@@ -147,14 +144,25 @@ def _numeric_bounds(rule) -> bool:
     return all(v is None or (isinstance(v, Real) and not isinstance(v, bool)) for v in (rule.min, rule.max))
 
 
-def answerable_keys(row_pass: RowPass, schema: StructType) -> set[str]:
-    """Keys file statistics can decide for data that passes, from the Spark schema alone: what
+def answerable_keys(row_pass: RowPass, schema: pa.Schema) -> set[str]:
+    """Keys file statistics can decide for data that passes, from the frame's schema alone (the
+    platform's type model, Arrow: the Spark engine converts its frame's schema at its edge): what
     needs no per-row evaluation while writing when the statistics will be read afterwards."""
-    types = {f.name.lower(): type(f.dataType).__name__ for f in schema.fields}
+    import pyarrow as pa
+
+    types = {f.name.lower(): f.type for f in schema}
+
+    def numeric(c: str | None) -> bool:
+        t = types.get((c or "").lower())
+        return t is not None and (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t))
+
+    def instant(c: str) -> bool:
+        t = types.get(c.lower())
+        return t is not None and (pa.types.is_timestamp(t) or pa.types.is_date(t))
+
     keys = {"total", *(f"n:{c}" for c in row_pass.not_nullable)}
-    keys |= {f"m:{c}" for c in row_pass.fresh_cols if types.get(c.lower()) in _TIME_SPARK}
+    keys |= {f"m:{c}" for c in row_pass.fresh_cols if instant(c)}
     for name, rule in row_pass.rules.items():
-        if rule.type == "not_null" or (rule.type == "range" and _numeric_bounds(rule)
-                                       and types.get((rule.column or "").lower()) in _NUMERIC_SPARK):
+        if rule.type == "not_null" or (rule.type == "range" and _numeric_bounds(rule) and numeric(rule.column)):
             keys.add(f"f:{name}")
     return keys

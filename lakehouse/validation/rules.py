@@ -1,12 +1,14 @@
-"""Rule evaluation on Spark DataFrames.
+"""Rule evaluation on Spark DataFrames, and the outcomes and messages both engines share.
 
-Row rules compile to a Spark `Column` that is TRUE when a row passes (NULL counts as failing),
-built with the DataFrame API so no identifier or value is ever pasted into SQL text; the counts
+Row rules are the engine-neutral predicates of lakehouse.validation.predicates (one sqlglot tree
+per rule kind, identifiers quoted and values typed, never pasted) rendered as Spark SQL; the counts
 come from the new files' Iceberg statistics where they decide them, else from one list of
 aggregates shared by all row rules (`RowPass`). `expression` rules are Spark SQL written by the
 metadata author: sqlglot must parse them as ONE boolean scalar expression (no statement,
 subquery, aggregate or window) and Spark must type them as boolean before they run. The
 schema contract is checked with pandera's pyspark backend (schema-only, no data scan).
+`row_outcome`, `action_outcome`, `unique_outcome`, `dataset_rule` (row_count, row_count_change)
+and `label_scopes` are the outcome and message code of both engines (lakehouse.engines.arrow.rules).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 from lakehouse.compat import pyspark as pyspark_compat
 from lakehouse.iceberg import quote, sql_string
 from lakehouse.metadata.model import Rule
+from lakehouse.validation import predicates
+from lakehouse.validation.predicates import RuleError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -30,10 +34,6 @@ log = logging.getLogger(__name__)
 SAMPLE_ROWS = 5
 FAILED_RULES_COLUMN = "_failed_rules"
 ROW_ACTIONS = ("drop", "quarantine")
-
-
-class RuleError(ValueError):
-    """A rule that cannot be evaluated as written (bad expression, unknown column, bad type)."""
 
 
 @dataclass
@@ -56,27 +56,11 @@ class CheckOutcome:
         return not self.passed and self.rule.severity == "error"
 
 
-# --------------------------------------------------------------------------- expressions
+# --------------------------------------------------------------------------- row rules
 def check_expression(expression: str, rule_name: str = "?") -> str:
-    """Accept only a single scalar boolean-looking expression: no statement, subquery,
-    aggregate, window or second statement smuggled in after a `;`."""
-    import sqlglot
-    from sqlglot import exp
-
-    where = f"rule {rule_name!r}: expression {expression!r}"
-    try:
-        trees = [t for t in sqlglot.parse(expression, read="spark") if t is not None]
-    except sqlglot.errors.ParseError as exc:
-        err = exc.errors[0] if exc.errors else {}
-        raise RuleError(f"{where} does not parse as Spark SQL: {err.get('description', 'syntax error')} "
-                        f"at column {err.get('col', '?')}") from exc
-    if len(trees) != 1:
-        raise RuleError(f"{where} must be one expression, found {len(trees)} statements")
-    tree = trees[0]
-    if not isinstance(tree, exp.Condition) or tree.find(exp.Subquery, exp.Select, exp.Query):
-        raise RuleError(f"{where} must be a boolean expression, not a statement or subquery")
-    if tree.find(exp.AggFunc, exp.Window):
-        raise RuleError(f"{where} must be a row-level expression (no aggregates or windows)")
+    """`expression` when it is a single scalar boolean-looking expression (no statement, subquery,
+    aggregate, window or second statement smuggled in after a `;`), else RuleError."""
+    predicates.check_expression(expression, rule_name)
     return expression
 
 
@@ -87,54 +71,31 @@ def _col(name: str) -> Column:
 
 
 def _require_columns(df_columns: list[str], rule: Rule, names: list[str]) -> None:
-    have = {c.lower() for c in df_columns}
-    missing = [n for n in names if n.lower() not in have]
-    if missing:
-        raise RuleError(f"rule {rule.name!r}: column(s) {missing} not in the dataset (columns: {sorted(df_columns)})")
+    predicates.require_columns(df_columns, rule, names)
 
 
 def row_condition(rule: Rule, df: DataFrame) -> Column:
-    """TRUE when a row passes `rule` (a NULL result counts as failing)."""
+    """TRUE when a row passes `rule` (a NULL result counts as failing): the rule's one predicate
+    (lakehouse.validation.predicates) as Spark SQL. An `expression` rule runs as its author wrote
+    it, and must be boolean and deterministic on Spark's own plan."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType
 
-    if rule.type == "not_null":
-        _require_columns(df.columns, rule, rule.columns)
-        cond = None
-        for c in rule.columns:
-            cond = _col(c).isNotNull() if cond is None else cond & _col(c).isNotNull()
-        return cond
-    if rule.type == "expression":
-        text = check_expression(rule.expression or "", rule.name)
-        try:
-            cond = F.expr(text)
-            probe = df.select(cond.alias("__c"))
-            dtype = probe.schema[0].dataType
-        except Exception as exc:  # noqa: BLE001 - AnalysisException / ParseException: name the rule
-            raise RuleError(f"rule {rule.name!r}: expression {text!r} is not valid here: "
-                            f"{str(exc).splitlines()[0]}") from exc
-        if not isinstance(dtype, BooleanType):
-            raise RuleError(f"rule {rule.name!r}: expression {text!r} is {dtype.simpleString()}, not boolean")
-        if not _deterministic(probe):
-            raise RuleError(f"rule {rule.name!r}: expression {text!r} is not deterministic (rand(), uuid(), ... "
-                            "answer differently on every evaluation), so its failing rows cannot be counted")
-        return F.coalesce(cond, F.lit(False))
-    if not rule.column:
-        raise RuleError(f"rule {rule.name!r} of type {rule.type} needs column")
-    _require_columns(df.columns, rule, [rule.column])
-    col = _col(rule.column)
-    if rule.type == "accepted_values":
-        cond = col.isin([F.lit(v) for v in rule.values])
-    elif rule.type == "range":
-        cond = F.lit(True)
-        if rule.min is not None:
-            cond = cond & (col >= F.lit(rule.min))
-        if rule.max is not None:
-            cond = cond & (col <= F.lit(rule.max))
-    elif rule.type == "regex":
-        cond = col.cast("string").rlike(rule.pattern or "")
-    else:
-        raise RuleError(f"rule {rule.name!r}: {rule.type} is not a row rule")
+    if rule.type != "expression":
+        return F.expr(predicates.row_predicate(rule, df.columns).sql(dialect="spark"))
+    text = check_expression(rule.expression or "", rule.name)
+    try:
+        cond = F.expr(text)
+        probe = df.select(cond.alias("__c"))
+        dtype = probe.schema[0].dataType
+    except Exception as exc:  # noqa: BLE001 - AnalysisException / ParseException: name the rule
+        raise RuleError(f"rule {rule.name!r}: expression {text!r} is not valid here: "
+                        f"{str(exc).splitlines()[0]}") from exc
+    if not isinstance(dtype, BooleanType):
+        raise RuleError(f"rule {rule.name!r}: expression {text!r} is {dtype.simpleString()}, not boolean")
+    if not _deterministic(probe):
+        raise RuleError(f"rule {rule.name!r}: expression {text!r} is not deterministic (rand(), uuid(), ... "
+                        "answer differently on every evaluation), so its failing rows cannot be counted")
     return F.coalesce(cond, F.lit(False))
 
 
@@ -600,6 +561,32 @@ def row_outcome(r: Rule, failed: int, total: int, sample: list[dict[str, Any]], 
                         details={"counted_from": counted_from})
 
 
+def unique_outcome(r: Rule, dups: int, keys: int, rows: int, sample: list[dict[str, Any]]) -> CheckOutcome:
+    """A `unique` rule's outcome from its duplicated rows and keys (whichever engine counted)."""
+    return CheckOutcome(r, dups == 0, dups, rows, describe(r), sample,
+                        f"{dups} rows share {keys} duplicated key(s)" if dups else "all keys unique",
+                        details={"duplicate_keys": keys})
+
+
+def freshness_cutoff(r: Rule, now: dt.datetime) -> dt.datetime:
+    return now - dt.timedelta(seconds=r.max_age_seconds or 0)
+
+
+def is_fresh(r: Rule, newest: dt.datetime | None, now: dt.datetime) -> bool:
+    return newest is not None and (now - newest).total_seconds() <= (r.max_age_seconds or 0)
+
+
+def freshness_outcome(r: Rule, newest: dt.datetime | None, now: dt.datetime, stale: int, total: int,
+                      sample: list[dict[str, Any]], counted_from: str) -> CheckOutcome:
+    """A `freshness` rule's outcome from the newest instant (naive UTC) and the stale rows (counted
+    only when it fails), whichever engine found them."""
+    age = (now - newest).total_seconds() if newest is not None else None
+    return CheckOutcome(r, is_fresh(r, newest, now), stale, total, describe(r), sample,
+                        message=(f"newest {r.column} is {newest} ({age:.0f}s old, limit {r.max_age_seconds}s)"
+                                 if age is not None else f"no {r.column} values"),
+                        details={"newest": str(newest), "age_seconds": age, "counted_from": counted_from})
+
+
 def action_outcome(r: Rule, actions: ActionCounts) -> CheckOutcome:
     """A drop/quarantine rule's outcome from the counts of the split its rows went through."""
     if r.name in actions.errors:
@@ -643,22 +630,15 @@ def dataset_rule(df: DataFrame | None, r: Rule, total: int, context: dict[str, A
         newest = known[r.column] if r.column in known else \
             _from_epoch(df.agg(F.max(_col(r.column).cast("timestamp").cast("double"))).collect()[0][0])
         now = context.get("now") or dt.datetime.now(dt.UTC).replace(tzinfo=None)
-        age = (now - newest).total_seconds() if newest is not None else None
-        ok = age is not None and age <= (r.max_age_seconds or 0)
         stale = 0
         sample: list[dict[str, Any]] = []
-        if not ok and total:
-            cutoff = now - dt.timedelta(seconds=r.max_age_seconds or 0)
-            cutoff_epoch = cutoff.replace(tzinfo=dt.UTC).timestamp()
-            late = df.where(F.coalesce(_col(r.column).cast("timestamp").cast("double") < F.lit(cutoff_epoch),
-                                       F.lit(True)))
+        if not is_fresh(r, newest, now) and total:
+            late = df.where(F.expr(predicates.stale_predicate(r, df.columns, freshness_cutoff(r, now))
+                                   .sql(dialect="spark")))
             stale = late.count()
             sample = _sample(late)
-        return CheckOutcome(r, ok, stale, total, expr, sample,
-                            message=(f"newest {r.column} is {newest} ({age:.0f}s old, limit {r.max_age_seconds}s)"
-                                     if age is not None else f"no {r.column} values"),
-                            details={"newest": str(newest), "age_seconds": age,
-                                     "counted_from": context.get("_newest_from", {}).get(r.column, "rows")})
+        return freshness_outcome(r, newest, now, stale, total, sample,
+                                 context.get("_newest_from", {}).get(r.column, "rows"))
     if r.type == "schema_contract":
         drift = context.get("schema_drift", {}).get(r.name) or schema_drift(df, r)
         return contract_outcome(r, drift, total, {c.name: nulls.get(c.name, 0) for c in r.expected_columns
@@ -688,9 +668,7 @@ def dataset_rule(df: DataFrame | None, r: Rule, total: int, context: dict[str, A
             counted = int(stats[0]), int(stats[1])
         dups, keys = counted
         sample = _sample(dup.withColumnRenamed("__rows", "rows")) if dups else []
-        return CheckOutcome(r, dups == 0, dups, int(context.get("row_count_after", total)), expr, sample,
-                            f"{dups} rows share {keys} duplicated key(s)" if dups else "all keys unique",
-                            details={"duplicate_keys": keys})
+        return unique_outcome(r, dups, keys, int(context.get("row_count_after", total)), sample)
     if r.type == "referential_integrity":
         ref_df = context.get("ref_frames", {}).get(r.ref_dataset)
         if ref_df is None:

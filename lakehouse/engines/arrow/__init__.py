@@ -14,8 +14,9 @@ stages' results, append or whole-table replacement, Arrow-evaluable rules). The 
 * each batch is one PyIceberg append to the `audit_<run_id>` branch, carrying the same snapshot
   properties (file checkpoints, run id); rows failing a quarantine rule go to the quarantine
   table's branch with the same columns;
-* the rules are evaluated with pyarrow.compute on the branch's own new files (row count from the
-  snapshot summary), with the same outcomes and messages as `lakehouse.validation.rules`;
+* the rules are evaluated on the branch's own new files (row count from the snapshot summary):
+  row rules and freshness as the shared predicates (lakehouse.validation.predicates) in one
+  DuckDB query per batch, with the same outcomes and messages as `lakehouse.validation.rules`;
 * publish, kill-switch re-check, conflict handling and exactly-once are the service's, unchanged
   (`lakehouse.publish` already works on PyIceberg metadata).
 

@@ -256,8 +256,15 @@ class SparkAuditedWrite(BranchWrite):
     def _observed_keys(self, row_pass: RowPass, keep: DataFrame) -> set[str]:
         """RowPass keys to count on the rows as they are written: those the new files'
         statistics cannot answer (with a PyIceberg catalog to read them, which the platform has)."""
-        known = answerable_keys(row_pass, keep.schema) if self.tables.meta is not None else set()
-        return row_pass.keys() - known
+        if self.tables.meta is None:
+            return row_pass.keys()
+        from lakehouse.engines.types import arrow_schema
+
+        try:
+            schema = arrow_schema(keep.schema)  # the platform's type model, at the Spark edge
+        except ValueError:  # a type with no Arrow form: every key is counted on the rows
+            return row_pass.keys()
+        return row_pass.keys() - answerable_keys(row_pass, schema)
 
     def _write_branch(self, keep: DataFrame, batch: Batch, aggregates: list):
         """Append to the branch; row-rule counts the file statistics cannot give ride on the
