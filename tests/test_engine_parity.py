@@ -229,7 +229,8 @@ def test_a_rule_is_one_predicate_rendered_for_each_engine_with_names_and_values_
     from lakehouse.validation.predicates import row_predicate
 
     odd = "we`ird \"col'"
-    rule = Rule(name="av", type="accepted_values", column=odd, values=["it's", 'x") OR (1=1'])
+    # metadata refuses such a column name (model.check_column); the predicate quotes it all the same
+    rule = Rule.model_construct(name="av", type="accepted_values", column=odd, values=["it's", 'x") OR (1=1'])
     tree = row_predicate(rule, [odd])
     assert tree.sql(dialect="spark") == "COALESCE((`we``ird \"col'` IN ('it\\'s', 'x\") OR (1=1')), FALSE)"
     assert condition_to_duckdb(tree).sql(dialect="duckdb") == \
