@@ -2,7 +2,7 @@
 and that the command line still reads the same.
 
 * The cyclic garbage collector: the process's entry pauses it for a run's start-up and the run
-  resumes it when its job starts (lakehouse.startup); a command line that ends before, or any
+  resumes it when its job starts (lakehouse.runtime.startup); a command line that ends before, or any
   other command, leaves it as it was.
 * `python -m lakehouse.cli` is `python -m lakehouse` (it once missed the cli_*.py commands).
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lakehouse import startup
+from lakehouse.runtime import startup
 
 REPO = Path(__file__).resolve().parent.parent
 

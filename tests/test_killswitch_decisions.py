@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from lakehouse.control.killswitch import enforce, runs_to_stop
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore
-from lakehouse.runner import Platform
+from lakehouse.stage.runner import Platform
 
 META = """
 pipelines:

@@ -95,7 +95,7 @@ def enforce(instance: Any, platform: Platform) -> list[StopDecision]:
                              message=d.reason, details={"status_before": d.status})
         log.warning("kill switch: %s run %s of %s (%s)", d.action, d.run_id, d.pipeline_id, d.reason)
         if ok:
-            from lakehouse import alerts
+            from lakehouse.ops import alerts
 
             alerts.kill_switch_run(platform.store, d.run_id, d.pipeline_id, d.reason, d.action, d.stages)
         done.append(d)

@@ -94,7 +94,7 @@ class RunGateway:
         return STATUS.get(run.status.value, "running"), run.status.value
 
     def failure(self, run_id: str) -> str | None:
-        from lakehouse.dagster_runs import run_failure_message, step_failures
+        from lakehouse.orchestration.runs import run_failure_message, step_failures
 
         steps = step_failures(self.instance, run_id)
         if steps:

@@ -109,7 +109,7 @@ def _expression_passes(rule: Rule, table: pa.Table, time_zone: str) -> pa.Chunke
     import duckdb
 
     from lakehouse.sources.duckdb_sql import connect
-    from lakehouse.sqlparse import DuckdbSqlError, expression_to_duckdb
+    from lakehouse.sql.parse import DuckdbSqlError, expression_to_duckdb
     from lakehouse.validation.rules import check_expression
 
     text = check_expression(rule.expression or "", rule.name)

@@ -1,0 +1,1 @@
+"""Dagster infrastructure inside the domain: the Dagster instance, run queue and pools (`instance`, `queue`, `pools`) and a run's failures (`runs`). The one place of `lakehouse` besides the listed exceptions that imports dagster (pyproject [tool.importlinter], domain-without-dagster)."""
