@@ -202,7 +202,7 @@ def test_failed_and_killed_runs_alert_once_each_with_routing(alerting, slack_api
 @pytest.mark.slow
 def test_kill_switch_one_message_per_flip(alerting, slack_api):
     from lakehouse.cli import main as cli
-    from lakehouse.control.killswitch import enforce
+    from lakehouse.orchestration.killswitch import enforce
 
     assert cli(["pipeline", "disable", "orders_etl"]) == 0
     # a kill switch skips the step (not a failure, issue 39) and raises the alert with the step's reason

@@ -6,9 +6,9 @@ from __future__ import annotations
 import dagster as dg
 import sqlalchemy as sa
 
-from lakehouse.control.killswitch import enforce, runs_to_stop
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore
+from lakehouse.orchestration.killswitch import enforce, runs_to_stop
 from lakehouse.stage.runner import Platform
 
 META = """

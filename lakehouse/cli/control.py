@@ -36,7 +36,7 @@ def cmd_control(args) -> int:
     if args.action == "enforce":
         import dagster as dg
 
-        from lakehouse.control.killswitch import enforce
+        from lakehouse.orchestration.killswitch import enforce
 
         stopped = enforce(dg.DagsterInstance.get(), platform)
         _print_table([{"run_id": d.run_id, "pipeline": d.pipeline_id, "action": d.action, "was": d.status,

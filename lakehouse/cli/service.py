@@ -40,10 +40,10 @@ def cmd_serve(args) -> int:
         return 2
     import uvicorn
 
+    from lakehouse.orchestration.gateway import RunGateway
     from lakehouse.orchestration.instance import ensure_instance
     from lakehouse.platform import Platform
     from lakehouse.service.app import create_app
-    from lakehouse.service.runs import RunGateway
 
     service_log = logging.getLogger("lakehouse.service")  # accepted loads and their correlation ids
     if not service_log.handlers:

@@ -27,10 +27,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from lakehouse.orchestration.gateway import RunGateway, load_job_name
 from lakehouse.platform import Platform
 from lakehouse.service import jobs, seed, tokens
 from lakehouse.service.gate import Gate
-from lakehouse.service.runs import RunGateway, load_job_name
 from lakehouse.service.tokens import Principal
 from lakehouse.stage import entity_raw
 from lakehouse.stage.entity_raw import LoadRequest
