@@ -325,7 +325,7 @@ def _chunks(seq: list, n: int):
 
 
 def _lock_key(platform: Platform, table: str) -> int:
-    digest = hashlib.sha256(f"lakehouse.table.publish|{platform.settings.catalog_name}|{table.lower()}".encode()).digest()
+    digest = hashlib.sha256(f"lakehouse.publish|{platform.settings.catalog_name}|{table.lower()}".encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
