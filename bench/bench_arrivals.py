@@ -132,7 +132,7 @@ def bench_rerun(platform, client, processed: int, tmp: Path) -> dict:
     import pyarrow.parquet as pq
 
     from lakehouse.metadata.loader import load_metadata
-    from lakehouse.runner import StageRunner
+    from lakehouse.stage.runner import StageRunner
 
     def body(k: str) -> bytes:
         buf = io.BytesIO()
@@ -217,8 +217,8 @@ def main() -> int:
     os.environ.setdefault("LAKEHOUSE_SHUFFLE_PARTITIONS", "2")
     try:
         from lakehouse.metadata.store import MetadataStore
-        from lakehouse.runner import Platform
         from lakehouse.settings import load_settings
+        from lakehouse.stage.runner import Platform
 
         settings = load_settings()
         platform = Platform(settings, MetadataStore(settings.control_db_url))

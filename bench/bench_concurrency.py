@@ -99,7 +99,7 @@ def main() -> None:
                 outs = [p.communicate()[0] for p in procs]
                 wall = time.monotonic() - t0
                 for p, out in zip(procs, outs, strict=True):
-                    if p.returncode != 0:  # warnings exit 0 too (lakehouse.run_summary)
+                    if p.returncode != 0:  # warnings exit 0 too (lakehouse.stage.run_summary)
                         sys.stderr.write(out[-4000:])
                         raise SystemExit(f"a run of the {k}-run round failed")
                 total, distinct = count(env)

@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_demo.py --rows 200000 --repeat 3
 
 Both sides run as fresh processes (cold JVM) on a fresh catalog and warehouse each round, with the
-same Spark settings (lakehouse.spark.spark_conf) over the same landed JSON lines (`lakehouse demo`):
+same Spark settings (lakehouse.runtime.spark.spark_conf) over the same landed JSON lines (`lakehouse demo`):
   * platform:     `lakehouse run user_events_etl` on the demo metadata as shipped (three stages,
                   write-audit-publish on audit branches, rules as asset checks, quarantine, the
                   incremental silver merge and gold partitions, checkpoints, run summary); its
@@ -50,7 +50,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_ingest import PY, REPO, become_subreaper, demo_landing, run  # noqa: E402  (one copy of the timing helpers)
 
-from lakehouse import procstat  # noqa: E402  (one /proc reader for benches and tests)
+from lakehouse.runtime import procstat  # noqa: E402  (one /proc reader for benches and tests)
 
 PIPELINE = "user_events_etl"
 
@@ -60,7 +60,7 @@ HANDWRITTEN = textwrap.dedent(
     from pathlib import Path
     from pyspark.sql import functions as F
     from lakehouse.settings import load_settings
-    from lakehouse.spark import get_spark
+    from lakehouse.runtime.spark import get_spark
     t0 = time.monotonic()
     spark = get_spark(load_settings(), app_name="handwritten")
     meta = Path(sys.argv[2])
@@ -360,7 +360,7 @@ def main() -> None:
                     script = work / "hand.py"
                     script.write_text(HANDWRITTEN)
                     spawned = time.time()
-                    env["PYTHONPATH"] = str(REPO)  # this checkout's lakehouse.spark, as the platform side's
+                    env["PYTHONPATH"] = str(REPO)  # this checkout's lakehouse.runtime.spark, as the platform side's
                     res = timer([PY, str(script), str(landing / "user_events"), str(meta)], env=env)
                 t, cpu = res[0], res[1]
                 times.setdefault(side, []).append(t)

@@ -41,7 +41,7 @@ platform = Platform.from_env()
 home = platform.settings.home
 if scenario == "entity_raw":
     import pyarrow as pa, pyarrow.parquet as pq
-    from lakehouse import entity_raw
+    from lakehouse.stage import entity_raw
     (home / "meta.yaml").write_text(f'''
 sources:
   - {{source_id: app_extract, kind: files, format: parquet, path: extract, glob: "*.parquet",
@@ -62,7 +62,7 @@ applications:
     res = entity_raw.load(platform, {"application": "app", "tenant_id": "acme", "file_keys": keys})
     ran, rows = res.engine, res.rows_written
 else:
-    from lakehouse.runner import StageRunner
+    from lakehouse.stage.runner import StageRunner
     (home / "meta.yaml").write_text(f'''
 pipelines: [{{pipeline_id: p}}]
 sources: [{{source_id: s, kind: files, format: jsonl, path: sales, glob: "*.jsonl"}}]

@@ -55,8 +55,8 @@ def write_hours(folder: Path, name: str, hours: range, rows: int, rng: random.Ra
 
 def tree_cpu() -> float:
     """CPU seconds (user + system) of this process and its child JVMs so far."""
-    from lakehouse import procstat
-    from lakehouse.spark import _own_spark_children
+    from lakehouse.runtime import procstat
+    from lakehouse.runtime.spark import _own_spark_children
 
     me = resource.getrusage(resource.RUSAGE_SELF)
     total = me.ru_utime + me.ru_stime
@@ -72,8 +72,8 @@ class Lake:
     def __init__(self, label: str, incremental: bool, hours: int, rows: int, seed: int, silver_rules: bool = True):
         from lakehouse.metadata.loader import load_metadata
         from lakehouse.metadata.store import MetadataStore
-        from lakehouse.runner import Platform
         from lakehouse.settings import load_settings
+        from lakehouse.stage.runner import Platform
 
         self.label, self.hours, self.rows = label, hours, rows
         home = Path(tempfile.mkdtemp(prefix=f"bench_incr_{label}_"))
@@ -105,7 +105,7 @@ class Lake:
         self.hour = hours
 
     def run(self) -> dict[str, float]:
-        from lakehouse.runner import StageRunner
+        from lakehouse.stage.runner import StageRunner
 
         out = {}
         for stage in ("bronze_ingest", "silver_clean", "gold_aggregate"):

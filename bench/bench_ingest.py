@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_ingest.py --gb 1.0 --repeat 2
 
-Both sides run as fresh processes (cold JVM) with the same Spark settings (lakehouse.spark.spark_conf):
+Both sides run as fresh processes (cold JVM) with the same Spark settings (lakehouse.runtime.spark.spark_conf):
   * platform:     `lakehouse run bench_ingest` (Dagster job, extract + load ops, audit branch, publish,
                   checkpoint in the snapshot summary);
   * hand-written: a PySpark script that reads the files and appends them to an Iceberg table.
@@ -42,7 +42,7 @@ HANDWRITTEN = textwrap.dedent(
     """
     import sys, time
     from lakehouse.settings import load_settings
-    from lakehouse.spark import get_spark
+    from lakehouse.runtime.spark import get_spark
     t0 = time.monotonic()
     spark = get_spark(load_settings(), app_name="handwritten")
     spark.sql("CREATE NAMESPACE IF NOT EXISTS lake.hand")

@@ -107,8 +107,8 @@ def main() -> None:
         gen_s = generate(server, dbname, args.rows)
         print(f"generated {args.rows:,} rows in PostgreSQL in {gen_s:.1f}s")
 
+        from lakehouse.runtime.spark import get_spark
         from lakehouse.settings import load_settings
-        from lakehouse.spark import get_spark
 
         spark = get_spark(load_settings(), app_name="bench-jdbc")
         common = dict(source_id="bench", kind="jdbc", jdbc_url=server.jdbc_url(dbname) + (f"?{args.url_params}" if args.url_params else ""),

@@ -5,7 +5,7 @@
 
 One process, one SparkSession, an embedded SQLite catalog and control DB in a temp home. The table
 gets `--batches` appends of `--rows` rows each (one small file per append, what an hourly or
-per-arrival pipeline leaves behind), then `lakehouse.maintenance.maintain` runs as the metadata below
+per-arrival pipeline leaves behind), then `lakehouse.table.maintenance.maintain` runs as the metadata below
 says (compaction due: more than 10 files under 32 MB). The snapshot from before compaction is kept
 (snapshot_max_age_hours is the default 168), so both sides are scanned in the same process in
 alternating rounds: the pre-compaction snapshot (time travel, the 200 small files) and main after
@@ -43,9 +43,9 @@ def main() -> None:
                        "LAKEHOUSE_CONTROL_DB_URL": f"sqlite:///{home / 'control.db'}"})
     os.environ.setdefault("LAKEHOUSE_SPARK_MASTER", "local[2]")
     os.environ.setdefault("LAKEHOUSE_SHUFFLE_PARTITIONS", "2")
-    from lakehouse import maintenance
     from lakehouse.metadata.loader import load_metadata
-    from lakehouse.runner import Platform
+    from lakehouse.stage.runner import Platform
+    from lakehouse.table import maintenance
 
     (home / "meta.yaml").write_text(META)
     platform = Platform.from_env()

@@ -56,10 +56,10 @@ def main() -> int:
     from pyiceberg.expressions import And, EqualTo
     from pyspark.sql import functions as F
 
-    from lakehouse.iceberg import IcebergTables
     from lakehouse.metadata.model import Target
+    from lakehouse.runtime.spark import get_spark
     from lakehouse.settings import load_settings
-    from lakehouse.spark import get_spark
+    from lakehouse.table.iceberg import IcebergTables
 
     settings = load_settings()
     spark = get_spark(settings, "bench-partitions")

@@ -60,7 +60,7 @@ for name in engines:
     if name == "spark":
         import pyarrow.parquet as pq
         from lakehouse.settings import load_settings
-        from lakehouse.spark import get_spark
+        from lakehouse.runtime.spark import get_spark
         spark = get_spark(load_settings(), app_name="bench-rules")
         path = os.path.join(os.environ["LAKEHOUSE_HOME"], "bench_rules.parquet")
         pq.write_table(table, path)

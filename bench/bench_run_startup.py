@@ -13,7 +13,7 @@ machine: CPU, not wall, separates the trees); the load average goes with it.
   bench_small_batches metadata with `engine: arrow` (no JVM): the whole run.
 * `--mode spark`: the demo (`metadata/demo`, its bronze `engine: auto` set to `spark`) over
   `--rows` events, `LAKEHOUSE_SPARK_WARMUP=0` (no JVM at all), run through the entry with
-  `lakehouse.spark.get_spark` replaced by a recorder of the process's CPU and wall at its first
+  `lakehouse.runtime.spark.get_spark` replaced by a recorder of the process's CPU and wall at its first
   call, which then ends the process: what a Spark run's driver spends before it asks for its session.
 """
 
@@ -41,8 +41,8 @@ PY = sys.executable
 FIRST_SPARK = """
 import os, runpy, sys, time
 out = sys.argv[1]; sys.argv = ["lakehouse", *sys.argv[2:]]
-import lakehouse.spark as spark
-from lakehouse import procstat
+import lakehouse.runtime.spark as spark
+from lakehouse.runtime import procstat
 def first(*args, **kwargs):
     cpu, wall = time.process_time(), time.time() - procstat.read(os.getpid()).start_epoch()
     with open(out, "w") as f:

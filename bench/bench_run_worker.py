@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from lakehouse import procstat
+from lakehouse.runtime import procstat
 
 REPO = Path(__file__).resolve().parent.parent
 META = """

@@ -47,7 +47,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from lakehouse import procstat  # noqa: E402  (one /proc reader for benches and tests)
+from lakehouse.runtime import procstat  # noqa: E402  (one /proc reader for benches and tests)
 
 PY = sys.executable
 LAKEHOUSE = str(Path(PY).with_name("lakehouse"))
@@ -182,9 +182,9 @@ TICK = """
 import json, sys, time
 from pathlib import Path
 import dagster as dg
-from lakehouse.demo import generate_user_events
+from lakehouse.cli.demo import generate_user_events
 from lakehouse_assets.definitions import build_definitions
-from lakehouse.runner import Platform
+from lakehouse.stage.runner import Platform
 from sensors.arrivals import SENSOR_NAME
 defs = build_definitions()
 sensor = defs.get_sensor_def(SENSOR_NAME)
@@ -233,7 +233,7 @@ def reapply_step(meta: Path, env: dict, k: int) -> tuple[float, float]:
 
 
 def run_step(home: Path, env: dict, k: int) -> tuple[float, float]:
-    from lakehouse.demo import generate_user_events
+    from lakehouse.cli.demo import generate_user_events
 
     generate_user_events(home / "landing" / "user_events_0000" / f"run_{k}", rows=100, files=1, seed=100 + k)
     wall, cpu, _ = timed([LAKEHOUSE, "run", pipeline_id(0)], env)

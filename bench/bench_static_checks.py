@@ -56,7 +56,7 @@ def timed(path: Path, checks: bool, repeat: int) -> float:
     """Best of `repeat` cold loads (the per-text parse caches are emptied before each)."""
     from lakehouse.metadata import checks as checks_module
     from lakehouse.metadata.loader import load_metadata
-    from lakehouse.sqlparse import _query_or_error
+    from lakehouse.sql.parse import _query_or_error
 
     best = float("inf")
     for _ in range(repeat):

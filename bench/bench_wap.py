@@ -6,7 +6,7 @@
 One process, one SparkSession, the same parquet input for both sides, fresh tables per round,
 sides alternated so neither always runs on a warmer JVM:
   * direct: read the files, append to an Iceberg table's main (what a hand-written job does);
-  * wap:    the write-audit-publish service (`lakehouse.wap_service`) on the same frame: audit branch, the rule set
+  * wap:    the write-audit-publish service (`lakehouse.stage.wap_service`) on the same frame: audit branch, the rule set
             below evaluated for the new rows, check history rows, kill-switch re-check,
             fast-forward publish, branch dropped.
 Prints each timing and the median ratio wap / direct (goal <= 1.15) per rule set (`--configs`):
@@ -88,9 +88,9 @@ def _instrument() -> dict[str, list[float]]:
     """Time the phases of the audit path (write to branch, audit, history, publish)."""
     from collections import defaultdict
 
-    from lakehouse import wap_service
     from lakehouse.engines.spark.write import SparkAuditedWrite as AuditedWrite
-    from lakehouse.wap_service import WriteAuditPublish
+    from lakehouse.stage import wap_service
+    from lakehouse.stage.wap_service import WriteAuditPublish
 
     phases: dict[str, list[float]] = defaultdict(list)
 
@@ -132,9 +132,9 @@ def main() -> None:
     os.environ.setdefault("LAKEHOUSE_SPARK_MASTER", "local[2]")
     os.environ.setdefault("LAKEHOUSE_SHUFFLE_PARTITIONS", "4")
 
-    from lakehouse.iceberg import MAIN
     from lakehouse.metadata.loader import load_metadata
-    from lakehouse.runner import Batch, Platform, StageRunner
+    from lakehouse.stage.runner import Batch, Platform, StageRunner
+    from lakehouse.table.iceberg import MAIN
 
     platform = Platform.from_env()
     spark = platform.spark()

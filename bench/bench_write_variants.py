@@ -30,8 +30,8 @@ def main() -> None:
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
+    from lakehouse.runtime.spark import get_spark
     from lakehouse.settings import load_settings
-    from lakehouse.spark import get_spark
 
     spark = get_spark(load_settings(), app_name="bench_write_variants")
     spark.sql("CREATE NAMESPACE IF NOT EXISTS bench")

@@ -4,7 +4,7 @@ Every error gets a **code** (what went wrong: `ICEBERG_COMMIT_CONFLICT`, `CORRUP
 **kind** (what repeating it can do), after dlt's Terminal/Transient exception mixins:
 
 * `transient` — the same call may succeed when repeated (a commit conflict, a busy catalog, a source
-  briefly down): the one retry helper (lakehouse.retry) repeats it in place, within its policy;
+  briefly down): the one retry helper (lakehouse.runtime.retry) repeats it in place, within its policy;
 * `terminal` — nothing repeats it (a decision such as a disabled stage or a failed audit, metadata
   that cannot work as written, a database down past its outage window);
 * `recoverable` — repeating the same call fails the same way, but a healing action (quarantine a
@@ -42,9 +42,9 @@ ICEBERG_VALIDATION = "ICEBERG_VALIDATION"  # Iceberg's checks refused a commit (
 UNKNOWN = "UNKNOWN"
 
 #: Codes whose failures are decisions or mistakes, not faults: never healed, never retried. A
-#: database still down after the outage window (lakehouse.outage) was already retried for that long.
+#: database still down after the outage window (lakehouse.runtime.outage) was already retried for that long.
 NOT_RETRYABLE = frozenset({STAGE_DISABLED, AUDIT_FAILED, CONFIGURATION, DATABASE_UNAVAILABLE})
-#: Codes whose failures the same call may not meet again: retried in place by lakehouse.retry.
+#: Codes whose failures the same call may not meet again: retried in place by lakehouse.runtime.retry.
 TRANSIENT_CODES = frozenset({ICEBERG_COMMIT_CONFLICT, DATABASE_BUSY, SOURCE_UNAVAILABLE, TRANSIENT_IO,
                              SPARK_SESSION_DEAD})
 

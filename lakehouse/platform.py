@@ -12,23 +12,23 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from lakehouse.iceberg import IcebergTables
 from lakehouse.metadata.model import MetadataCatalog
 from lakehouse.metadata.store import MetadataStore
-from lakehouse.s3access import S3Clients, s3_resource
+from lakehouse.runtime.s3access import S3Clients, s3_resource
 from lakehouse.settings import Settings, load_settings
+from lakehouse.table.iceberg import IcebergTables
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-log = logging.getLogger("lakehouse.runner")
+log = logging.getLogger("lakehouse.stage.runner")
 
 
 @dataclass
 class Platform:
     """Everything a stage needs from the outside world, built from settings.
 
-    `s3_clients`: the S3 client provider (lakehouse.s3access); the Dagster layer injects one made
+    `s3_clients`: the S3 client provider (lakehouse.runtime.s3access); the Dagster layer injects one made
     from its `S3Resource`; otherwise `s3` makes one on first use from the same resource class
     configured by settings (importing dagster-aws only when S3 is used).
     """
@@ -38,7 +38,7 @@ class Platform:
     s3_clients: S3Clients | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        from lakehouse.fileperms import apply_umask
+        from lakehouse.runtime.fileperms import apply_umask
 
         apply_umask(self.settings.umask)  # what the platform creates is owner-only (LAKEHOUSE_UMASK)
         from lakehouse.metadata.python_ref import search_in
@@ -62,7 +62,7 @@ class Platform:
         return cls.from_settings(load_settings(), s3_clients)
 
     def spark(self) -> SparkSession:
-        from lakehouse.spark import get_spark
+        from lakehouse.runtime.spark import get_spark
 
         return get_spark(self.settings)
 
@@ -72,14 +72,14 @@ class Platform:
         for that call to raise. PySpark (and py4j) is imported on the calling thread first: the
         caller goes on importing (Dagster) while the session starts, and two threads importing one
         package at once can see it partially initialised."""
-        from lakehouse.spark import warm_up, while_starting
+        from lakehouse.runtime.spark import warm_up, while_starting
 
         thread = warm_up(self.settings)  # the one `lakehouse run` launched before its imports, if any
         if self.settings.warehouse_path is None:
             # a remote warehouse's metadata is read with PyIceberg's pyarrow FileIO (pyarrow.dataset,
             # pandas: ~0.3 s of CPU): imported by the step that waits for the JVM while it waits
-            # (lakehouse.spark.while_starting). A local one's is read with plain files
-            # (lakehouse.iceberg_fileio): a Spark run's driver then never imports it
+            # (lakehouse.runtime.spark.while_starting). A local one's is read with plain files
+            # (lakehouse.table.fileio): a Spark run's driver then never imports it
             while_starting(_import_file_io)
         return thread
 
@@ -89,7 +89,7 @@ class Platform:
 
     def pyiceberg_catalog(self):
         """PyIceberg view of the same catalog (same name, same database): metadata reads without Spark."""
-        from lakehouse.catalog import pyiceberg_catalog
+        from lakehouse.table.catalog import pyiceberg_catalog
 
         return pyiceberg_catalog(self.settings)
 

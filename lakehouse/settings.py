@@ -326,7 +326,7 @@ class PlatformSettings(PathSettings, MetadataLimits, CatalogSettings, SparkSetti
 
     @property
     def session_time_zone(self) -> str:
-        """Spark's session time zone as lakehouse.spark.spark_conf sets it (UTC unless overridden):
+        """Spark's session time zone as lakehouse.runtime.spark.spark_conf sets it (UTC unless overridden):
         what runs without a session (DuckDB, the Arrow engine's expressions) evaluates timestamps in it."""
         return self.spark_conf.get("spark.sql.session.timeZone", "UTC")
 

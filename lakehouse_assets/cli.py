@@ -11,23 +11,23 @@ import argparse
 import gc
 import sys
 
-from lakehouse.alerts import run_finished
 from lakehouse.control.flags import pipeline_stopped
-from lakehouse.dagster_runs import failure_summary
 from lakehouse.engines.choice import may_need_spark
 from lakehouse.lineage.background import in_background as lineage_in_background
 from lakehouse.metadata.derived import read_structure
+from lakehouse.ops.alerts import run_finished
+from lakehouse.orchestration.instance import headless_instance, run_tags
+from lakehouse.orchestration.runs import failure_summary
 from lakehouse.platform import Platform
-from lakehouse.pyarrow_probes import answer_pandas_probes
-from lakehouse.run_summary import WARN_ERROR_SETTING, RunSummary
-from lakehouse.spark import release_jvm_at_exit
-from lakehouse.startup import resume_collector
-from lakehouse.throughput.instance import headless_instance, run_tags
+from lakehouse.runtime.pyarrow_probes import answer_pandas_probes
+from lakehouse.runtime.spark import release_jvm_at_exit
+from lakehouse.runtime.startup import resume_collector
+from lakehouse.stage.run_summary import WARN_ERROR_SETTING, RunSummary
 
 
 def cmd_run(args) -> int:
     """Materialize a pipeline headless through the same Definitions the UI loads, on the persistent
-    Dagster instance (so pools hold), and end with the per-stage summary (lakehouse.run_summary)."""
+    Dagster instance (so pools hold), and end with the per-stage summary (lakehouse.stage.run_summary)."""
     platform = Platform.from_env()
     stopped = pipeline_stopped(platform.store, args.pipeline)
     if stopped:  # a kill switch is not a failure: no run, no JVM, no stack trace; its own exit code
@@ -46,7 +46,7 @@ def cmd_run(args) -> int:
     spark_maybe = may_need_spark(catalog.model_copy(update={"platform_settings": settings_rows}), args.pipeline)
     if not spark_maybe and getattr(args, "own_process", False):
         # an Arrow-only run hands pyarrow no pandas objects: its probes for them are answered
-        # without importing pandas (302 modules, ~0.15 s of CPU; lakehouse.pyarrow_probes says when that is safe)
+        # without importing pandas (302 modules, ~0.15 s of CPU; lakehouse.runtime.pyarrow_probes says when that is safe)
         answer_pandas_probes()
     if platform.settings.spark_warmup and spark_maybe:
         # the JVM starts on the other core while Dagster is imported and the job is built, so

@@ -1,6 +1,6 @@
 """The data-quality dashboard as an asset, refreshed by a sensor after every pipeline run.
 
-The computation lives in `lakehouse.dashboard`; the asset only publishes it as materialization
+The computation lives in `lakehouse.ops.dashboard`; the asset only publishes it as materialization
 metadata (a Markdown table with the plot embedded as a data-URI PNG, and the PNG's path).
 """
 
@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
-from lakehouse import dashboard
+from lakehouse.ops import dashboard
 
 DASHBOARD_KEY = dg.AssetKey(["ops", "data_quality_dashboard"])
 DASHBOARD_JOB = "data_quality_dashboard_job"

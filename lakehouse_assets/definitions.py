@@ -34,8 +34,8 @@ import dagster as dg
 from lakehouse.metadata.assets import PIPELINE_TAG
 from lakehouse.metadata.derived import read_structure
 from lakehouse.metadata.model import DEFAULT_CODE_LOCATION, check_ident
-from lakehouse.runner import Platform
 from lakehouse.settings import DagsterSettings, current
+from lakehouse.stage.runner import Platform
 from lakehouse_assets.dashboard import dashboard_definitions
 from lakehouse_assets.entity_raw_assets import entity_raw_definitions
 from lakehouse_assets.factory import Graph, build_source_specs, build_stage_assets, upstream_specs

@@ -1,4 +1,4 @@
-"""Dagster shell of `lakehouse.entity_raw`: one asset per registered application (group entity_raw),
+"""Dagster shell of `lakehouse.stage.entity_raw`: one asset per registered application (group entity_raw),
 an arrival sensor on each application's extraction output prefix, the 10-minute table job, and one
 load job per application that the load API (`lakehouse serve`) submits."""
 
@@ -8,11 +8,11 @@ import json
 
 import dagster as dg
 
-from lakehouse import entity_raw
 from lakehouse.metadata.model import Application, MetadataCatalog
-from lakehouse.runner import Platform
+from lakehouse.orchestration.gateway import load_job_name
 from lakehouse.service import jobs
-from lakehouse.service.runs import load_job_name
+from lakehouse.stage import entity_raw
+from lakehouse.stage.runner import Platform
 from resources.lakehouse import LakehouseResource
 
 TABLES_JOB = "entity_raw_tables_job"
@@ -122,7 +122,7 @@ def entity_raw_tables_schedule(context: dg.ScheduleEvaluationContext, lakehouse:
 
 
 def _load_job(app: Application) -> dg.UnresolvedAssetJobDefinition:
-    """The job the load API submits for one application (`lakehouse.service.runs`)."""
+    """The job the load API submits for one application (`lakehouse.orchestration.gateway`)."""
     return dg.define_asset_job(load_job_name(app.application_id),
                                selection=dg.AssetSelection.assets(entity_raw_asset_key(app.application_id)),
                                description=f"One POST /load of the load API into "

@@ -34,7 +34,6 @@ import dagster as dg
 
 from lakehouse.control.attempt import Once
 from lakehouse.control.retry import retry_exception
-from lakehouse.core import AuditFailed
 from lakehouse.engines.choice import asked_engine
 from lakehouse.metadata import periods
 from lakehouse.metadata.assets import pipeline_paths
@@ -42,9 +41,10 @@ from lakehouse.metadata.derive import StageDerivation
 from lakehouse.metadata.derived import Structure
 from lakehouse.metadata.engine_support import arrow_blockers, duckdb_sql_stage
 from lakehouse.metadata.model import MetadataCatalog, Stage
-from lakehouse.periods_written import written_periods
-from lakehouse.run_summary import NOT_EVALUATED
-from lakehouse.runner import StageRunner
+from lakehouse.stage.core import AuditFailed
+from lakehouse.stage.periods_written import written_periods
+from lakehouse.stage.run_summary import NOT_EVALUATED
+from lakehouse.stage.runner import StageRunner
 from lakehouse.throughput.profiles import op_priority
 from lakehouse.validation import CheckOutcome
 from lakehouse_assets.preflight import preflight
@@ -336,7 +336,7 @@ class _ExtractAndLoad(_Load):
     """The one op of a stage reading lake tables only: the extract's plan (its upstream snapshots
     pinned, once per run), then the load, each half with its own runner, retry phase and healing
     budget as in the two-op form. A retry of the step plans again: the run's first pin of each
-    table wins (`lakehouse.pins`), so it reads the same snapshots."""
+    table wins (`lakehouse.stage.pins`), so it reads the same snapshots."""
 
     def __call__(self, context, inputs) -> Iterator:
         # a generator: the extract runs inside Dagster's error boundary, as the extract op's did

@@ -1,4 +1,4 @@
-"""Dagster shell of `lakehouse.maintenance`: one maintenance asset per namespace (group `maintenance`)
+"""Dagster shell of `lakehouse.table.maintenance`: one maintenance asset per namespace (group `maintenance`)
 and (schedules.maintenance) its schedule from metadata, which runs it through the platform's asset job.
 
 The asset is ONE op per namespace: it maintains the namespace's tables one after another, as the
@@ -10,9 +10,9 @@ maintenance runs in its own pool (`maintenance:<ns>`, so two runs of it never ov
 works on a table that a stage writes, holds a slot of the table's `target:<id>` pool, the pool of
 the target's load ops (lakehouse_assets.pool_slots: it waits while loads fill the pool, so loads
 and maintenance together never exceed the target's limit). Each table's procedures run under the
-table's publish lock (lakehouse.coordination: a maintenance commit never lands between a
+table's publish lock (lakehouse.runtime.coordination: a maintenance commit never lands between a
 publisher's check and its commit; publishers of that table queue behind it), and orphan files are
-never removed while a run holds a lease on the table (lakehouse.maintenance). A table's quarantine
+never removed while a run holds a lease on the table (lakehouse.table.maintenance). A table's quarantine
 table, once it exists, is maintained right after it, in the table's pool slot and under its lock."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from contextlib import contextmanager
 
 import dagster as dg
 
-from lakehouse import maintenance
-from lakehouse.coordination import publish_lock
 from lakehouse.metadata.model import MetadataCatalog, Target
+from lakehouse.runtime.coordination import publish_lock
+from lakehouse.table import maintenance
 from lakehouse_assets.pool_slots import pool_slot
 
 GROUP = "maintenance"

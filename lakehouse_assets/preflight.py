@@ -1,4 +1,4 @@
-"""Runs the pre-run check (lakehouse.preflight) once per run, from the first stage step that starts.
+"""Runs the pre-run check (lakehouse.runtime.preflight) once per run, from the first stage step that starts.
 
 Every stage op calls `preflight(context, platform)` before it touches anything: the first one
 of the run checks every stage the run materializes (`asset_layer.selected_asset_keys`, so a UI
@@ -30,7 +30,7 @@ def selected_stages(context: dg.OpExecutionContext, catalog) -> list[tuple[str, 
 
 
 def preflight(context: dg.OpExecutionContext, platform) -> None:
-    from lakehouse.preflight import check_run
+    from lakehouse.runtime.preflight import check_run
 
     with _LOCK:
         if context.run_id not in _VERDICTS:

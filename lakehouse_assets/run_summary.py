@@ -1,4 +1,4 @@
-"""A run's events → `lakehouse.run_summary.RunSummary`, for `lakehouse run` and for UI runs.
+"""A run's events → `lakehouse.stage.run_summary.RunSummary`, for `lakehouse run` and for UI runs.
 
 `lakehouse run` prints the summary and sets it as the run's tags (`lakehouse/outcome`,
 `lakehouse/summary`); the sensor `lakehouse_run_summary` does the same for runs launched from the
@@ -14,9 +14,9 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
-from lakehouse.dagster_runs import stage_node
 from lakehouse.metadata.model import MetadataCatalog
-from lakehouse.run_summary import NOT_EVALUATED, CheckReport, RunSummary, StageReport
+from lakehouse.orchestration.runs import stage_node
+from lakehouse.stage.run_summary import NOT_EVALUATED, CheckReport, RunSummary, StageReport
 from resources.lakehouse import LakehouseResource
 
 SENSOR_NAME = "lakehouse_run_summary"

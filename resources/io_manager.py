@@ -2,7 +2,7 @@
 
 Outputs. A stage's load op first writes its input to the run's audit branch and evaluates the
 stage's rules there (`StageRunner.write_and_audit`, the first half of the one write-audit-publish
-service, `lakehouse.wap_service`), and reports them as asset check results. A failed blocking
+service, `lakehouse.stage.wap_service`), and reports them as asset check results. A failed blocking
 rule fails the step right there, before any output: no materialization, main untouched, the audit
 branch kept. Otherwise the op yields a `StageWrite`: the reference to the audited write (a
 `lakehouse.stage.values.StagedWrite`, serialisable: table, branch, run id, counts, checks) and the
@@ -18,7 +18,7 @@ one commit per batch with that batch's checkpoints, and the exactly-once publish
 (and audit) only the remainder of the input again; one DataFrame of everything would lose both.
 
 Inputs. A downstream stage receives each upstream table at the snapshot the run pinned
-(`lakehouse.pins`; pinned when the stage's extract planned, first pin of a table in a run wins),
+(`lakehouse.stage.pins`; pinned when the stage's extract planned, first pin of a table in a run wins),
 never at whatever `main` is when the input is loaded, and never an unaudited branch. The stage
 load op's inputs (`In` metadata `LAZY`) are loaders, read only when the stage's SQL or Python runs:
 a load that a kill switch skips starts no Spark for them. Any other consumer gets a DataFrame.
@@ -37,12 +37,11 @@ from typing import Any
 import dagster as dg
 from pydantic import PrivateAttr
 
-from lakehouse import pins
-from lakehouse.core import AuditFailed, Batch, StageContext, StageDisabled, StageOutcome
 from lakehouse.metadata.model import MetadataCatalog, Stage, Target
 from lakehouse.platform import Platform
-from lakehouse.runner import StageRunner
-from lakehouse.stage import steps
+from lakehouse.stage import pins, steps
+from lakehouse.stage.core import AuditFailed, Batch, StageContext, StageDisabled, StageOutcome
+from lakehouse.stage.runner import StageRunner
 from lakehouse.stage.values import PublishResult, StagedWrite
 from resources.lakehouse import LakehouseResource
 from resources.spark import LakehouseSparkResource

@@ -6,7 +6,7 @@ import dagster as dg
 from pydantic import Field
 
 from lakehouse.platform import Platform
-from lakehouse.s3access import S3Clients
+from lakehouse.runtime.s3access import S3Clients
 from lakehouse.settings import ENV_VARS, PlatformSettings, load_settings, set_in_environment
 
 _UNSET = "Unset: the environment variable of the same setting (lakehouse.settings.ENV_VARS), else the embedded default."
@@ -44,7 +44,7 @@ class LakehouseResource(dg.ConfigurableResource):
     # dagster-aws's S3Resource. Typed as any resource so that importing the code location does not
     # import dagster-aws (its package imports Dagster's components and test utilities: ~1.4 s of CPU
     # in every process that loads the definitions, a run worker's included). None: the platform makes
-    # the same S3Resource from settings when a step first needs S3 (lakehouse.s3access.s3_resource).
+    # the same S3Resource from settings when a step first needs S3 (lakehouse.runtime.s3access.s3_resource).
     s3: dg.ConfigurableResource | None = None
 
     @classmethod
@@ -76,7 +76,7 @@ class LakehouseResource(dg.ConfigurableResource):
         if run is None or not run.asset_selection or not self.settings().spark_warmup:
             return
         from lakehouse.engines.choice import stages_may_need_spark
-        from lakehouse.spark import started_or_starting
+        from lakehouse.runtime.spark import started_or_starting
 
         if started_or_starting():
             return
@@ -92,9 +92,9 @@ class LakehouseResource(dg.ConfigurableResource):
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         """A JVM the warm-up is still starting when the run ends (its Spark stages were skipped:
         switched off, nothing new) is killed rather than left to finish starting on the cores other
-        runs use (`lakehouse.spark.release_jvm_at_exit`); a session, or a JVM no warm-up started, is
+        runs use (`lakehouse.runtime.spark.release_jvm_at_exit`); a session, or a JVM no warm-up started, is
         left alone."""
-        from lakehouse import spark
+        from lakehouse.runtime import spark
 
         if context.dagster_run is not None and spark.starting():
             spark.release_jvm_at_exit()

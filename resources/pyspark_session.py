@@ -12,19 +12,19 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import PrivateAttr
 
 from lakehouse.compat import pyspark as pyspark_compat
+from lakehouse.runtime.spark import get_spark
 from lakehouse.settings import Settings, load_settings
-from lakehouse.spark import get_spark
 from resources.lakehouse import LakehouseResource
 
 
 class PlatformPySparkResource(LazyPySparkResource):
     """Why a subclass and not `PySparkResource` as is: that resource builds its session eagerly when a
     step's resources are set up, from its `spark_config` alone. Here a step must not start a JVM
-    it does not need, the session must be `lakehouse.spark`'s one per process (healing restarts it
+    it does not need, the session must be `lakehouse.runtime.spark`'s one per process (healing restarts it
     there; every asset of the run shares it), and it needs what no Dagster config may hold or do:
     the catalog password (resolved from the environment, never shown in the UI), the local Spark
     directories and the SQLite catalog's connection pool. So the session is built on first use, by
-    `lakehouse.spark.get_spark` from `lakehouse`'s settings."""
+    `lakehouse.runtime.spark.get_spark` from `lakehouse`'s settings."""
 
     lakehouse: LakehouseResource | None = None
 

@@ -13,8 +13,8 @@ from typing import Any
 import dagster as dg
 from pydantic import PrivateAttr
 
+from lakehouse.runtime.spark import configure_session, shown_conf
 from lakehouse.settings import load_settings
-from lakehouse.spark import configure_session, shown_conf
 from resources.lakehouse import LakehouseResource
 
 
@@ -27,10 +27,10 @@ class LakehouseSparkResource(dg.ConfigurableResource):
     config (`spark_config`, what the UI shows: the session's conf without credentials) and hands the
     session out through `resources.pyspark_session.PlatformPySparkResource`, a `LazyPySparkResource`.
 
-    `spark_config` is the conf the run's session is built from (`lakehouse.spark.configure_session`
+    `spark_config` is the conf the run's session is built from (`lakehouse.runtime.spark.configure_session`
     as the run's resources are set up, before the JVM's warm-up), whoever asks for the session first
     (a step's `platform.spark()`, the IO manager, the warm-up): the default is the conf the settings
-    give (`lakehouse.spark.shown_conf`), a run's config may change it, and the credentials (the
+    give (`lakehouse.runtime.spark.shown_conf`), a run's config may change it, and the credentials (the
     catalog's user and password) come from the settings, never from configuration.
     """
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dagster as dg
 
 from lakehouse.metadata.model import MetadataCatalog
-from lakehouse.throughput.queue import instance_of, request_tags
+from lakehouse.orchestration.queue import instance_of, request_tags
 from lakehouse_assets.factory import PIPELINES_JOB, pipeline_selection
 
 

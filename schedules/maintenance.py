@@ -1,5 +1,5 @@
 """Maintenance schedules from metadata: one per namespace, on `maintenance.schedule.<namespace>`
-(else `maintenance.schedule`, else lakehouse.maintenance.DEFAULT_SCHEDULE). Stopped until an operator
+(else `maintenance.schedule`, else lakehouse.table.maintenance.DEFAULT_SCHEDULE). Stopped until an operator
 starts it, like the pipelines' schedules.
 
 Each targets the platform's asset job with the namespace's maintenance asset selected, as a
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dagster as dg
 
-from lakehouse import maintenance
 from lakehouse.metadata.model import MetadataCatalog
+from lakehouse.table import maintenance
 from lakehouse_assets.factory import PIPELINES_JOB
 
 MAINTENANCE_TAG = "lakehouse/maintenance"

@@ -1,6 +1,6 @@
 """Alert sensors: failed and killed runs become alerts; undelivered alerts are retried.
 
-Thin: the alert itself (dedupe, channels, delivery, retries) lives in `lakehouse.alerts`. A run
+Thin: the alert itself (dedupe, channels, delivery, retries) lives in `lakehouse.ops.alerts`. A run
 whose failure a more specific alert already explained (failed audit, kill switch, unreachable
 source: those are raised inside the run) gets no second message.
 """
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dagster as dg
 
-from lakehouse import alerts
-from lakehouse.dagster_runs import failure_summary
-from lakehouse.runner import Platform
+from lakehouse.ops import alerts
+from lakehouse.orchestration.runs import failure_summary
 from lakehouse.settings import DagsterSettings, current
+from lakehouse.stage.runner import Platform
 from resources.lakehouse import LakehouseResource
 
 FAILURE_SENSOR = "lakehouse_alerts_run_failure"

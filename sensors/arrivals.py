@@ -29,10 +29,10 @@ import dagster as dg
 
 from lakehouse.ingest.arrivals import ArrivalDecision
 from lakehouse.ingest.s3 import ARRIVAL_TAG
-from lakehouse.runner import Platform
+from lakehouse.orchestration.queue import instance_of, request_tags
 from lakehouse.settings import DagsterSettings, current
 from lakehouse.sources.arrivals import poll_arrivals
-from lakehouse.throughput.queue import instance_of, request_tags
+from lakehouse.stage.runner import Platform
 from lakehouse_assets.factory import PIPELINES_JOB, Graph, source_asset_key
 from resources.lakehouse import LakehouseResource
 

@@ -1,6 +1,6 @@
 """The kill switch's enforcer: every few seconds, stop runs of pipelines the control flags disable.
 
-Thin: the decisions live in `lakehouse.control.killswitch`. Running by default (it is a safety
+Thin: the decisions live in `lakehouse.orchestration.killswitch`. Running by default (it is a safety
 control, not an optional feature); the interval is LAKEHOUSE_KILL_SWITCH_INTERVAL seconds
 (default 5), which with the daemon's tick keeps a flip-to-terminate well under 30 seconds.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from lakehouse.control.killswitch import enforce
+from lakehouse.orchestration.killswitch import enforce
 from lakehouse.settings import DagsterSettings, current
 from resources.lakehouse import LakehouseResource
 

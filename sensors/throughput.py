@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dagster as dg
 
-from lakehouse.runner import Platform
+from lakehouse.orchestration.pools import sync_instance
+from lakehouse.orchestration.queue import retag_queued_runs
 from lakehouse.settings import DagsterSettings, current
-from lakehouse.throughput.pools import sync_instance
-from lakehouse.throughput.queue import retag_queued_runs
+from lakehouse.stage.runner import Platform
 from resources.lakehouse import LakehouseResource
 
 SENSOR_NAME = "lakehouse_throughput_sync"

@@ -132,7 +132,7 @@ def start_runs(k: int, env: dict[str, str], log_dir: Path, tag: str = "run") -> 
 def succeeded(rc: int, out: str) -> bool:
     """`lakehouse run` ended in success: exit 0, or 3 when a warn-severity check failed (the runs
     here quarantine rows under a warn rule), with the summary saying SUCCESS."""
-    from lakehouse.run_summary import EXIT_CODES, SUCCESS, WARNINGS
+    from lakehouse.stage.run_summary import EXIT_CODES, SUCCESS, WARNINGS
 
     return rc in (EXIT_CODES[SUCCESS], EXIT_CODES[WARNINGS]) and "): SUCCESS" in out
 

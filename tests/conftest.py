@@ -23,11 +23,11 @@ REPO = Path(__file__).resolve().parent.parent
 # Test JVMs live for seconds and see tiny data: C2's background compilation was half of each JVM's
 # CPU on the 2-core CI machine (a session start, six appends and a MERGE: 52 s of JVM CPU by
 # default, 25 s with C1 alone), and every `lakehouse run` a test starts is a new JVM. What the JVM
-# computes is the same either way; the platform's own settings (lakehouse.spark.spark_conf) and the
+# computes is the same either way; the platform's own settings (lakehouse.runtime.spark.spark_conf) and the
 # benchmarks are untouched. Set in the environment so the test's subprocesses inherit it.
 _TEST_JVM_OPTIONS = jvm_class_archive.TEST_JVM_OPTIONS
 os.environ.setdefault("LAKEHOUSE_SPARK_CONF__spark.driver.extraJavaOptions",
-                      f"-Dderby.system.home=/tmp {_TEST_JVM_OPTIONS}")  # the first: lakehouse.spark's own
+                      f"-Dderby.system.home=/tmp {_TEST_JVM_OPTIONS}")  # the first: lakehouse.runtime.spark's own
 os.environ.setdefault("LAKEHOUSE_SPARK_CONF__spark.executor.extraJavaOptions", _TEST_JVM_OPTIONS)
 # ... and their classes come from a class-data-sharing archive, built before the first slow test
 # (tests/jvm_class_archive.py): about half of a short JVM's CPU was loading Spark's classes.
@@ -53,7 +53,7 @@ def lake_home(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def spark(lake_home):
-    from lakehouse.spark import get_spark
+    from lakehouse.runtime.spark import get_spark
 
     session = get_spark(load_settings(), app_name="lakehouse-tests")
     yield session
@@ -107,7 +107,7 @@ def settings(lake_home, tmp_path, monkeypatch, control_db_at_head):
 def platform(settings, spark):
     """A Platform on the test's settings, with the session's SparkSession bound to its catalog."""
     from lakehouse.metadata.store import MetadataStore
-    from lakehouse.runner import Platform
+    from lakehouse.stage.runner import Platform
 
     p = Platform(settings, MetadataStore(settings.control_db_url))
     p.spark()  # registers the test's catalog on the shared session

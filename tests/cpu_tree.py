@@ -20,7 +20,7 @@ import threading
 import time
 from collections import defaultdict
 
-from lakehouse import procstat
+from lakehouse.runtime import procstat
 
 KINDS = ("java", "dagster-daemon", "dagster-webserver", "dagster dev", "api grpc", "execute_run", "lakehouse.cli",
          "bin/lakehouse", "pytest", "postgres", "moto", "chrom")

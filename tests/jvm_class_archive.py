@@ -36,7 +36,7 @@ TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 BUILD = r"""
 import os, sys
 from lakehouse.settings import load_settings
-from lakehouse.spark import get_spark
+from lakehouse.runtime.spark import get_spark
 s = load_settings()
 spark = get_spark(s, app_name="lakehouse-test-cds")
 c = s.catalog_name
@@ -60,7 +60,7 @@ print(SparkContext._gateway.proc.pid, flush=True)
 
 
 def _key(options: str) -> str:
-    from lakehouse.spark import SYSTEM_JDBC_JARS, bundled_iceberg_jar
+    from lakehouse.runtime.spark import SYSTEM_JDBC_JARS, bundled_iceberg_jar
 
     java = shutil.which("java", path=os.path.join(os.environ["JAVA_HOME"], "bin")) if os.environ.get("JAVA_HOME") \
         else shutil.which("java")

@@ -10,11 +10,11 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from lakehouse import alerts
-from lakehouse.core import SKIPPED
 from lakehouse.metadata.loader import MetadataError, load_metadata
 from lakehouse.metadata.model import AlertChannel
-from lakehouse.runner import Platform, StageRunner
+from lakehouse.ops import alerts
+from lakehouse.stage.core import SKIPPED
+from lakehouse.stage.runner import Platform, StageRunner
 from resources.lakehouse import LakehouseResource
 from tests.fixtures.ticks import tick as evaluate_tick
 
@@ -152,7 +152,7 @@ def test_source_unreachable_past_retries_sends_one_message(alerting, slack_api, 
     assert fields["failing count"] == "1"  # the retry policy's one retry was spent
     assert "lakehouse lineage paths bronze_orders" in fields["next step"]
     # the alert quotes the run's failure message
-    from lakehouse.dagster_runs import step_failures
+    from lakehouse.orchestration.runs import step_failures
 
     (step, failure), = step_failures(instance, result.run_id)
     assert step.endswith("__extract") and "orders_raw" in failure
@@ -202,7 +202,7 @@ def test_failed_and_killed_runs_alert_once_each_with_routing(alerting, slack_api
 @pytest.mark.slow
 def test_kill_switch_one_message_per_flip(alerting, slack_api):
     from lakehouse.cli import main as cli
-    from lakehouse.control.killswitch import enforce
+    from lakehouse.orchestration.killswitch import enforce
 
     assert cli(["pipeline", "disable", "orders_etl"]) == 0
     # a kill switch skips the step (not a failure, issue 39) and raises the alert with the step's reason
@@ -290,9 +290,9 @@ def test_failed_audit_sends_one_message_and_the_dashboard_shows_it(settings, spa
     import shutil
     from pathlib import Path
 
-    from lakehouse.dashboard import compute_overview, render_markdown
-    from lakehouse.demo import generate_user_events
+    from lakehouse.cli.demo import generate_user_events
     from lakehouse.metadata.store import MetadataStore
+    from lakehouse.ops.dashboard import compute_overview, render_markdown
     from sensors.alerts import run_failure_alerts
 
     monkeypatch.setenv("LAKEHOUSE_DATAHUB", "off")
@@ -319,7 +319,7 @@ def test_failed_audit_sends_one_message_and_the_dashboard_shows_it(settings, spa
     assert fields["rule"] == "known_event_type"
     assert fields["failing count"] == "3"  # the three teleport rows, counted independently above
     assert fields["next step"].startswith("lakehouse branches show silver.user_events audit_")
-    from lakehouse.dagster_runs import step_failures
+    from lakehouse.orchestration.runs import step_failures
 
     (step, failure), = step_failures(instance, result.run_id)
     # a SQL stage is one op (no source pool): its step key is the asset's

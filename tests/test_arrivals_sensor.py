@@ -10,11 +10,11 @@ import json
 import dagster as dg
 import pytest
 
-from lakehouse.demo import generate_user_events
+from lakehouse.cli.demo import generate_user_events
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore
-from lakehouse.runner import Platform
 from lakehouse.settings import load_settings
+from lakehouse.stage.runner import Platform
 from sensors.arrivals import SENSOR_NAME
 from tests.fixtures.ticks import tick as evaluate_tick
 from tests.test_derived_metadata import copies

@@ -10,12 +10,12 @@ import textwrap
 import pyarrow as pa
 import pytest
 
-from lakehouse.core import AuditFailed, ExtractPlan, FileRef
 from lakehouse.engines import choice as engines
 from lakehouse.metadata.loader import MetadataError, load_metadata
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.platform import Platform
-from lakehouse.runner import StageRunner
+from lakehouse.stage.core import AuditFailed, ExtractPlan, FileRef
+from lakehouse.stage.runner import StageRunner
 from tests.test_wap_helpers import pyiceberg, rows_of
 
 META = """
@@ -118,7 +118,7 @@ def test_failed_blocking_audit_keeps_branch_and_never_touches_main(lake, tmp_pat
     assert table.snapshot_by_id(main).summary.additional_properties.get("lakehouse.run_id") is None  # the empty fork point
     assert rows_of(lake, "bronze.events") == []
     assert len(rows_of(lake, "bronze.events", branch)) == 2
-    from lakehouse.branches import kept
+    from lakehouse.table.branches import kept
 
     assert "failed rule(s) enough" in kept(lake, "bronze.events")[branch]["reason"]  # kept for inspection
 
@@ -187,8 +187,8 @@ def test_lakehouse_run_of_an_arrow_pipeline_starts_no_jvm(lake, tmp_path, capsys
     started = lake.store.audit_entries(event="stage_started")
     assert started[-1].details["engine"] == "arrow" and started[-1].details["engine_reason"].startswith("auto: ")
     # called in this process (not as its own command line), the run leaves pyarrow's pandas probes
-    # alone: the test session may use pandas with pyarrow (lakehouse.pyarrow_probes)
-    from lakehouse import pyarrow_probes
+    # alone: the test session may use pandas with pyarrow (lakehouse.runtime.pyarrow_probes)
+    from lakehouse.runtime import pyarrow_probes
 
     assert not pyarrow_probes.applied()
 

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lakehouse.metadata.loader import load_metadata
-from lakehouse.runner import StageRunner
+from lakehouse.stage.runner import StageRunner
 from tests import concurrency_kit as kit
 from tests.test_pipeline_e2e import duckdb_read
 from tests.test_wap_helpers import pyiceberg
@@ -128,7 +128,7 @@ CHILD = """
 import sys
 from lakehouse.engines import choice as engine
 from lakehouse.platform import Platform
-from lakehouse.runner import StageRunner
+from lakehouse.stage.runner import StageRunner
 
 forced = sys.argv[1]
 # this process writes with the engine named on its command line, whatever the metadata says

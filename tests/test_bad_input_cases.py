@@ -20,7 +20,7 @@ from lakehouse.ingest.checkpoints import Checkpoints
 from lakehouse.ingest.files import PROCESSED
 from lakehouse.ingest.prepare import SchemaPolicyViolation
 from lakehouse.metadata.loader import load_metadata
-from lakehouse.runner import AuditFailed, StageRunner
+from lakehouse.stage.runner import AuditFailed, StageRunner
 
 pytestmark = pytest.mark.slow
 
@@ -321,8 +321,8 @@ def test_a_deadline_entered_before_spark_started_binds_to_the_session_when_the_w
     """A step enters its deadline without starting the JVM (`lakehouse run` warms one up on another
     thread; a step may need none): the job group is set when the step's work first gets the session,
     so a hung job the work then starts is still cancelled by the deadline."""
-    from lakehouse import spark as spark_mod
     from lakehouse.control.deadline import Deadline, spark_deadline
+    from lakehouse.runtime import spark as spark_mod
 
     monkeypatch.setattr(spark_mod, "_SESSION", None)  # as if no step had started Spark in this process
     assert spark_mod.active_session() is None

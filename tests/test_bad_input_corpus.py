@@ -20,7 +20,7 @@ import pytest
 
 from lakehouse.ingest.checkpoints import Checkpoints
 from lakehouse.metadata.loader import load_metadata
-from lakehouse.runner import StageRunner
+from lakehouse.stage.runner import StageRunner
 
 pytestmark = pytest.mark.slow
 

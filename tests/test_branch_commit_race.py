@@ -10,9 +10,10 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from lakehouse import errors, retry
-from lakehouse.catalog import pyiceberg_catalog
+from lakehouse import errors
+from lakehouse.runtime import retry
 from lakehouse.settings import load_settings
+from lakehouse.table.catalog import pyiceberg_catalog
 
 SCHEMA = pa.schema([("id", pa.int64()), ("who", pa.string())])
 

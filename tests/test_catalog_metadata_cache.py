@@ -9,9 +9,9 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.serializers import FromInputFile
 
-from lakehouse.catalog import pyiceberg_catalog
-from lakehouse.iceberg import IcebergTables
 from lakehouse.settings import load_settings
+from lakehouse.table.catalog import pyiceberg_catalog
+from lakehouse.table.iceberg import IcebergTables
 
 
 @pytest.fixture

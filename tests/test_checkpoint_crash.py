@@ -24,7 +24,7 @@ from tests.test_s3_ingest import apply_pipeline, log_rows, parquet_bytes
 
 RUN = """
 import json
-from lakehouse.runner import Platform, StageRunner
+from lakehouse.stage.runner import Platform, StageRunner
 p = Platform.from_env()
 r = StageRunner(p, "wf_logs", "ingest")
 plan = r.extract()

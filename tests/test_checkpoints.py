@@ -11,8 +11,8 @@ import lakehouse.ingest.checkpoints as ck
 from lakehouse.cli import main as cli_main
 from lakehouse.ingest.checkpoints import Checkpoints
 from lakehouse.metadata.loader import load_metadata
-from lakehouse.runner import StageRunner
 from lakehouse.sources.arrivals import poll_arrivals
+from lakehouse.stage.runner import StageRunner
 
 META = """
 pipelines:

@@ -2,9 +2,9 @@
 and that the command line still reads the same.
 
 * The cyclic garbage collector: the process's entry pauses it for a run's start-up and the run
-  resumes it when its job starts (lakehouse.startup); a command line that ends before, or any
+  resumes it when its job starts (lakehouse.runtime.startup); a command line that ends before, or any
   other command, leaves it as it was.
-* `python -m lakehouse.cli` is `python -m lakehouse` (it once missed the cli_*.py commands).
+* `python -m lakehouse.cli` is `python -m lakehouse` (it once missed the command modules, then lakehouse/cli_*.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lakehouse import startup
+from lakehouse.runtime import startup
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -29,7 +29,7 @@ def _env(tmp_path) -> dict:
 
 
 def test_python_m_lakehouse_cli_is_the_lakehouse_command(tmp_path):
-    """`python -m lakehouse.cli` (the benches' way in) offers the cli_*.py commands too."""
+    """`python -m lakehouse.cli` (the benches' way in) offers the commands of lakehouse/cli/*.py too."""
     helps = [subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, env=_env(tmp_path),
                             capture_output=True, text=True, timeout=120) for module in ("lakehouse.cli", "lakehouse")]
     assert [h.returncode for h in helps] == [0, 0], [h.stderr for h in helps]

@@ -14,7 +14,7 @@ import yaml
 from lakehouse.cli import main as cli
 from lakehouse.metadata.loader import MetadataError, load_metadata
 from lakehouse.metadata.locations import code_locations, touched_locations
-from lakehouse.runner import Platform
+from lakehouse.stage.runner import Platform
 from tests.test_derived_metadata import copies, home  # noqa: F401 - the fixture
 
 LOCATIONS = {"p0": None, "p1": "west", "p2": "west", "p3": None}
@@ -159,7 +159,7 @@ def test_a_run_of_a_pipeline_in_another_location_runs_there_and_builds_its_locat
     import json
     import time
 
-    from lakehouse.demo import generate_user_events
+    from lakehouse.cli.demo import generate_user_events
     from lakehouse.metadata.store import MetadataStore
 
     MetadataStore(settings.control_db_url).apply(load_metadata(split(tmp_path / "meta")))

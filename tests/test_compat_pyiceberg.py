@@ -1,5 +1,5 @@
 """lakehouse/compat/pyiceberg.py: written for the PyIceberg releases it names, and the behaviours the
-exactly-once publish (lakehouse.publish) builds on them hold — a publish commit is ONE compare-and-swap
+exactly-once publish (lakehouse.table.publish) builds on them hold — a publish commit is ONE compare-and-swap
 on `main` and on the branch, refused (never re-applied) when either moved, leaving nothing behind.
 Real PyIceberg on a SQLite SQL catalog, no Spark."""
 
@@ -13,11 +13,11 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from pyiceberg.exceptions import CommitFailedException
 
-from lakehouse import publish
-from lakehouse.catalog import pyiceberg_catalog
 from lakehouse.compat import pyiceberg as pyiceberg_compat
-from lakehouse.iceberg import MAIN
 from lakehouse.settings import load_settings
+from lakehouse.table import publish
+from lakehouse.table.catalog import pyiceberg_catalog
+from lakehouse.table.iceberg import MAIN
 
 SCHEMA = pa.schema([("id", pa.int64())])
 NAME = "compat.t"

@@ -30,9 +30,9 @@ start_at = float(sys.argv[2])
 from pyiceberg.exceptions import TableAlreadyExistsError
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
-from lakehouse import coordination
-from lakehouse.catalog import ensure_namespace, pyiceberg_catalog
-from lakehouse.runner import Platform
+from lakehouse.runtime import coordination
+from lakehouse.table.catalog import ensure_namespace, pyiceberg_catalog
+from lakehouse.stage.runner import Platform
 from lakehouse.throughput.ratelimit import TokenBuckets
 while time.time() < start_at:
     time.sleep(0.002)

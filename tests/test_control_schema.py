@@ -30,13 +30,13 @@ EXPECTED_OWN_TABLES = {
     "lakehouse.metadata.store": ("audit_log", "derived_stages"),
     "lakehouse.validation.history": ("check_results",),
     "lakehouse.service.jobs": ("load_jobs",),
-    "lakehouse.alerts": ("alerts_table", "alert_runs", "alert_deliveries"),
+    "lakehouse.ops.alerts": ("alerts_table", "alert_runs", "alert_deliveries"),
     "lakehouse.throughput.ratelimit": ("buckets",),
     "lakehouse.ingest.checkpoints": ("file_checkpoints", "checkpoint_marks"),
     "lakehouse.ingest.s3": ("ingest_cursors",),
     "lakehouse.ingest.arrivals": ("arrival_requests",),
-    "lakehouse.branches": ("kept_branches", "orphan_sweeps"),
-    "lakehouse.coordination": ("run_leases", "work_claims"),
+    "lakehouse.table.branches": ("kept_branches", "orphan_sweeps"),
+    "lakehouse.runtime.coordination": ("run_leases", "work_claims"),
 }
 
 

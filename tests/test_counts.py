@@ -52,7 +52,7 @@ validation_rules:
 def test_a_merge_reports_what_its_logic_did_and_the_rewritten_rows_apart(platform, tmp_path):
     from pyiceberg.catalog.sql import SqlCatalog
 
-    from lakehouse.runner import StageRunner
+    from lakehouse.stage.runner import StageRunner
     from lakehouse.validation.history import check_history
     from lakehouse.validation.rules import SCOPE_CHANGE_SET, SCOPE_MERGED_KEYS, SCOPE_TABLE
 

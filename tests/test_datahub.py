@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lakehouse.demo import generate_user_events
+from lakehouse.cli.demo import generate_user_events
 from lakehouse.lineage import datahub
 from lakehouse.metadata.loader import load_metadata
 
@@ -100,7 +100,7 @@ def test_outage_during_run_then_everything_delivered(demo, gms):
 
 def test_outage_between_stages_keeps_order(demo, gms, monkeypatch):
     """The server goes away after the first stage's emission and comes back before the next run's."""
-    from lakehouse.runner import StageRunner
+    from lakehouse.stage.runner import StageRunner
 
     r = StageRunner(demo, "user_events_etl", "bronze_ingest", run_id="runa0001")
     r.load(r.extract())
@@ -143,7 +143,7 @@ def test_no_gms_writes_metadata_file_the_datahub_cli_accepts_and_replays(demo, g
 
 def test_failed_audit_emits_failure_and_failed_assertion(demo, gms):
     from lakehouse.metadata.model import ValidationRuleSet
-    from lakehouse.runner import AuditFailed, StageRunner
+    from lakehouse.stage.runner import AuditFailed, StageRunner
 
     rules = demo.catalog().rule_set("bronze_events_rules")
     strict = [r.model_copy(update={"min": 10**9}) if r.name == "not_empty" else r for r in rules.rules]

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow  # a local GMS server; the datahub CLI as a subpro
 
 def test_sql_stages_are_query_entities_linked_to_their_datasets(settings, gms, tmp_path):
     from lakehouse.metadata.store import MetadataStore
-    from lakehouse.runner import Platform
+    from lakehouse.stage.runner import Platform
 
     platform = Platform(settings, MetadataStore(settings.control_db_url))
     platform.store.apply(load_metadata(DEMO))

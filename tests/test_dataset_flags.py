@@ -9,10 +9,10 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from lakehouse.demo import generate_user_events
+from lakehouse.cli.demo import generate_user_events
 from lakehouse.metadata.loader import MetadataError, load_metadata
 from lakehouse.metadata.store import MetadataStore
-from lakehouse.runner import Platform, StageRunner
+from lakehouse.stage.runner import Platform, StageRunner
 from tests.fixtures.ticks import tick as evaluate_tick
 
 REPO = Path(__file__).resolve().parent.parent

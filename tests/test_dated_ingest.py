@@ -17,7 +17,7 @@ from lakehouse.ingest import dated
 from lakehouse.metadata.loader import MetadataError, load_metadata
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.platform import Platform
-from lakehouse.runner import StageRunner
+from lakehouse.stage.runner import StageRunner
 from tests.test_wap_helpers import cli, pyiceberg, rows_of
 
 META = """

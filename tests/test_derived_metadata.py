@@ -31,8 +31,8 @@ from lakehouse.lineage.sql_import import import_sql
 from lakehouse.metadata.derived import derive_now, read_structure
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore, derived_stages
-from lakehouse.runner import Platform
 from lakehouse.settings import load_settings
+from lakehouse.stage.runner import Platform
 from tests.conftest import seed_control_db
 
 REPO = Path(__file__).resolve().parent.parent

@@ -10,12 +10,12 @@ from collections import defaultdict
 
 import pytest
 
-from lakehouse.core import AuditFailed
 from lakehouse.engines import choice as engines
 from lakehouse.metadata.loader import MetadataError, load_metadata
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.platform import Platform
-from lakehouse.runner import StageRunner
+from lakehouse.stage.core import AuditFailed
+from lakehouse.stage.runner import StageRunner
 from tests.test_wap_helpers import pyiceberg, rows_of
 
 META = """

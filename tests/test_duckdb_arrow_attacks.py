@@ -21,7 +21,7 @@ from lakehouse.engines.arrow import rules as arrow_engine
 from lakehouse.metadata.engine_support import rule_blockers
 from lakehouse.metadata.loader import MetadataError, load_metadata
 from lakehouse.metadata.model import Rule
-from lakehouse.sqlparse import expression_problem
+from lakehouse.sql.parse import expression_problem
 from lakehouse.validation.rules import RuleError
 from tests.test_duckdb_arrow import META, apply, lake, land, run_stage, sale  # noqa: F401 - lake is a fixture
 from tests.test_wap_helpers import pyiceberg
@@ -171,7 +171,7 @@ def test_quoted_and_unicode_result_columns_are_written_as_named(lake, tmp_path):
 CHILD = """
 import sys
 from lakehouse.platform import Platform
-from lakehouse.runner import StageRunner
+from lakehouse.stage.runner import StageRunner
 
 runner = StageRunner(Platform.from_env(), "sales", sys.argv[1], sys.argv[2])
 out = runner.load(runner.extract())

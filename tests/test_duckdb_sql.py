@@ -11,10 +11,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from lakehouse.demo import expected_daily, generate_user_events
+from lakehouse.cli.demo import expected_daily, generate_user_events
 from lakehouse.metadata.loader import MetadataError, load_metadata
 from lakehouse.sources.duckdb_sql import query_arrow
-from lakehouse.sqlparse import duckdb_problem
+from lakehouse.sql.parse import duckdb_problem
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "metadata" / "demo"
@@ -106,7 +106,7 @@ def test_demo_silver_and_gold_on_duckdb_write_the_tables_spark_writes(platform, 
     """The whole demo on Spark, then its silver and gold SQL as DuckDB stages through the same
     write-audit-publish: the same rows and the same schema in both pairs of tables (PyIceberg),
     the gold as plain Python computes it, the rules evaluated, and the run says which engine ran."""
-    from lakehouse.runner import StageRunner
+    from lakehouse.stage.runner import StageRunner
 
     generate_user_events(platform.settings.landing_dir / "user_events", rows=2000, files=2)
     platform.store.apply(load_metadata(_demo_with(tmp_path, DUCK)))

@@ -225,7 +225,7 @@ def test_a_rule_is_one_predicate_rendered_for_each_engine_with_names_and_values_
     """The one definition (lakehouse.validation.predicates): identifiers quoted, values typed
     literals, in Spark SQL and in DuckDB; an odd column name and a value with quotes stay data."""
     from lakehouse.engines.arrow.rules import passes
-    from lakehouse.sqlparse import condition_to_duckdb
+    from lakehouse.sql.parse import condition_to_duckdb
     from lakehouse.validation.predicates import row_predicate
 
     odd = "we`ird \"col'"

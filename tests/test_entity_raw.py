@@ -15,8 +15,8 @@ import pytest
 from pydantic import ValidationError
 from pyiceberg.catalog.sql import SqlCatalog
 
-from lakehouse import entity_raw
 from lakehouse.metadata.loader import load_metadata
+from lakehouse.stage import entity_raw
 from tests.fixtures.ticks import tick as evaluate_tick
 
 APPS = """

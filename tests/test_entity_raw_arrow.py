@@ -10,15 +10,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lakehouse import entity_raw
-from lakehouse.core import AuditFailed
 from lakehouse.engines import choice as engines
 from lakehouse.engines.arrow.to_json import java_double, to_json_rows
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.model import Application, Rule
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.platform import Platform
-from lakehouse.runner import StageRunner
+from lakehouse.stage import entity_raw
+from lakehouse.stage.core import AuditFailed
+from lakehouse.stage.runner import StageRunner
 from tests.test_wap_helpers import pyiceberg, rows_of
 
 #: column names a load must neither break on nor paste anywhere

@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lakehouse import entity_raw
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.model import Target
+from lakehouse.stage import entity_raw
 from tests.test_pipeline_e2e import duckdb_read
 from tests.test_wap_helpers import pyiceberg, rows_of
 

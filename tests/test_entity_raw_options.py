@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from lakehouse import entity_raw, entity_raw_cap
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.model import Application
+from lakehouse.stage import entity_raw, entity_raw_cap
 
 META = """
 sources:
@@ -101,9 +101,9 @@ def test_day_partitioning_and_the_record_cap(apps, monkeypatch):
 
 def test_day_partition_without_spark(settings, tmp_path, monkeypatch):
     """The start-up path (no JVM in the process): PyIceberg creates and evolves the spec."""
-    from lakehouse import spark as spark_mod
     from lakehouse.metadata.store import MetadataStore
-    from lakehouse.runner import Platform
+    from lakehouse.runtime import spark as spark_mod
+    from lakehouse.stage.runner import Platform
 
     monkeypatch.setattr(spark_mod, "_SESSION", None)
     f = tmp_path / "apps.yaml"
@@ -132,9 +132,9 @@ validation_rules:
 @pytest.mark.slow
 def test_entity_raw_load_goes_through_write_audit_publish(platform, tmp_path, monkeypatch):
     """An entity_raw load is audited with its application's rules and re-reads the kill switch
-    right before publishing (lakehouse.wap_service), like every stage load."""
-    from lakehouse.core import AuditFailed
-    from lakehouse.wap_service import WriteAuditPublish
+    right before publishing (lakehouse.stage.wap_service), like every stage load."""
+    from lakehouse.stage.core import AuditFailed
+    from lakehouse.stage.wap_service import WriteAuditPublish
 
     f = tmp_path / "apps.yaml"
     f.write_text(RULED)

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from lakehouse import errors, retry
+from lakehouse import errors
 from lakehouse.errors import classify, source_unreachable
+from lakehouse.runtime import retry
 from tests.fixtures.py4j_like import JavaThrowable, java_error
 
 REPO = Path(__file__).resolve().parent.parent

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from lakehouse import errors, retry
-from lakehouse.iceberg import quote
+from lakehouse import errors
+from lakehouse.runtime import retry
+from lakehouse.table.iceberg import quote
 
 pytestmark = pytest.mark.slow
 

@@ -22,12 +22,12 @@ import sqlalchemy as sa
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 
-from lakehouse import coordination, outage
 from lakehouse.errors import DATABASE_UNAVAILABLE, DatabaseUnavailable, classify
-from lakehouse.iceberg import IcebergTables
 from lakehouse.metadata.store import MetadataStore
-from lakehouse.publish import _fast_forward, publish_branch
-from lakehouse.runner import Platform
+from lakehouse.runtime import coordination, outage
+from lakehouse.stage.runner import Platform
+from lakehouse.table.iceberg import IcebergTables
+from lakehouse.table.publish import _fast_forward, publish_branch
 from tests.fixtures.net import free_port
 
 SCHEMA = pa.schema([pa.field("id", pa.int64())])
@@ -156,7 +156,7 @@ def test_publish_lock_dies_with_its_holder(settings, tmp_path):
     marker = tmp_path / "locked"
     code = ("import os, sys, time\n"
             "from lakehouse.metadata.store import MetadataStore\n"
-            "from lakehouse.runner import Platform\nfrom lakehouse.settings import load_settings\n"
+            "from lakehouse.stage.runner import Platform\nfrom lakehouse.settings import load_settings\n"
             "from lakehouse import coordination\n"
             "s = load_settings(); p = Platform(s, MetadataStore(s.control_db_url))\n"
             "with coordination.publish_lock(p, 'ns.t'):\n"

@@ -6,7 +6,7 @@ ends of the calendar, timestamps a microsecond from midnight UTC, nested structs
 Each expression of the corpus is in one of three lists, and the test proves which:
 * AGREE: both engines evaluate it and fail exactly the same rows;
 * REFUSED: DuckDB would answer otherwise for some value, so the expression is refused when the
-  metadata is validated (lakehouse.sqlparse.expression_problem) and the stage stays on Spark;
+  metadata is validated (lakehouse.sql.parse.expression_problem) and the stage stays on Spark;
 * LOUD: DuckDB raises on a value Spark answers (an integer overflow Spark wraps, upper() of
   non-ASCII text): the rule's check fails naming the rule and the value's problem, never a silently
   different count.
@@ -24,7 +24,7 @@ import pytest
 
 from lakehouse.engines.arrow import rules as arrow_engine
 from lakehouse.metadata.model import Rule
-from lakehouse.sqlparse import expression_problem
+from lakehouse.sql.parse import expression_problem
 from lakehouse.validation.rules import RuleError, row_condition
 
 pytestmark = pytest.mark.slow

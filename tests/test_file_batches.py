@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lakehouse.core import FileRef, HealingState
 from lakehouse.ingest.files import batches
 from lakehouse.metadata.loader import load_metadata
+from lakehouse.stage.core import FileRef, HealingState
 
 DEMO = Path(__file__).resolve().parent.parent / "metadata" / "demo"
 MiB = 1024**2

@@ -180,7 +180,7 @@ def _events(spark, rows):
 @pytest.mark.parametrize("observed", [False, True], ids=["statistics_only", "with_observed_rule"])
 def test_audit_path_answers_from_statistics_and_observes_only_the_rest(platform, tmp_path, unique_ns, observed):
     from lakehouse.engines.spark import write as wap
-    from lakehouse.runner import Batch, StageRunner
+    from lakehouse.stage.runner import Batch, StageRunner
 
     rules = """
     - {name: not_empty, type: row_count, min: 1, severity: error}
@@ -242,8 +242,8 @@ def test_infinity_is_a_bound_like_any_other(platform, unique_ns):
 
 def test_unreadable_statistics_fall_back_to_the_rows(platform, tmp_path, unique_ns, monkeypatch, caplog):
     """Manifests that cannot be read (storage credentials, a corrupt file) cost speed, not answers."""
-    from lakehouse.iceberg import IcebergTables
-    from lakehouse.runner import Batch, StageRunner
+    from lakehouse.stage.runner import Batch, StageRunner
+    from lakehouse.table.iceberg import IcebergTables
 
     _apply(platform, tmp_path, unique_ns, """
     - {name: not_empty, type: row_count, min: 1, severity: error}

@@ -13,7 +13,7 @@ import pytest
 
 from lakehouse.control import faults
 from lakehouse.metadata.loader import load_metadata
-from lakehouse.runner import StageRunner
+from lakehouse.stage.runner import StageRunner
 
 pytestmark = pytest.mark.slow
 

@@ -30,7 +30,7 @@ from lakehouse.errors import classify
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.model import HealingAction
 from lakehouse.metadata.store import MetadataStore
-from lakehouse.runner import Batch, Platform, StageRunner
+from lakehouse.stage.runner import Batch, Platform, StageRunner
 from tests.fixtures.py4j_like import java_error
 
 # ---------------------------------------------------------------- classification
@@ -70,7 +70,7 @@ def test_classify_follows_the_cause_chain_and_names_the_java_class():
 
 
 def test_decisions_are_not_retryable():
-    from lakehouse.runner import StageDisabled
+    from lakehouse.stage.runner import StageDisabled
 
     assert not classify(StageDisabled("pipeline x is disabled")).retryable
     assert classify(TimeoutError()).retryable
@@ -269,8 +269,8 @@ def test_faults_are_off_unless_configured(monkeypatch):
 
 def test_quarantine_input_leaves_a_vanished_file_for_the_next_run_instead_of_quarantining_it(runner):
     from lakehouse.control.healing import quarantine_input
-    from lakehouse.core import Batch, FileRef
     from lakehouse.ingest.files import local_etag
+    from lakehouse.stage.core import Batch, FileRef
 
     path = runner.platform.settings.landing_dir / "ha" / "gone.jsonl"
     path.write_text('{"id": 1}\n')

@@ -327,7 +327,7 @@ def test_unmatched_error_fails_as_before(platform, tmp_path, monkeypatch):
 
 
 def test_rule_attempts_are_bounded(platform, tmp_path, monkeypatch):
-    from lakehouse.runner import StageRunner
+    from lakehouse.stage.runner import StageRunner
 
     write_jsonl(platform.settings.landing_dir / "bd" / "a.jsonl", [{"id": 1}])
     apply_yaml(platform, tmp_path, files_pipeline("bd", healing="""
@@ -345,7 +345,7 @@ def test_rule_attempts_are_bounded(platform, tmp_path, monkeypatch):
 
 
 def test_global_cap_bounds_healing_across_rules(platform, tmp_path, monkeypatch):
-    from lakehouse.runner import StageRunner
+    from lakehouse.stage.runner import StageRunner
 
     write_jsonl(platform.settings.landing_dir / "gc" / "a.jsonl", [{"id": 1}])
     apply_yaml(platform, tmp_path, files_pipeline("gc", healing="""

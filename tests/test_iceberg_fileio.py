@@ -1,4 +1,4 @@
-"""The platform's PyIceberg FileIO (lakehouse.iceberg_fileio): a local warehouse's metadata through
+"""The platform's PyIceberg FileIO (lakehouse.table.fileio): a local warehouse's metadata through
 plain files, data files and remote locations through PyArrow's FileIO. What a Spark run's driver
 does with PyIceberg — load tables, read snapshots and manifests, commit a property — imports
 neither pyarrow.dataset nor pandas (issue 21: ~0.3 s of CPU per Spark run); the Arrow engine's reads and
@@ -16,9 +16,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from lakehouse.catalog import pyiceberg_catalog
-from lakehouse.iceberg_fileio import LocalFile, LocalMetadataFileIO, local_path
 from lakehouse.settings import load_settings
+from lakehouse.table.catalog import pyiceberg_catalog
+from lakehouse.table.fileio import LocalFile, LocalMetadataFileIO, local_path
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -41,7 +41,7 @@ def test_metadata_reads_and_commits_import_neither_pyarrow_dataset_nor_pandas(se
     # a fresh process, as a Spark run's driver: metadata only, then a commit of a property
     code = textwrap.dedent("""
         import json, sys
-        from lakehouse.catalog import pyiceberg_catalog
+        from lakehouse.table.catalog import pyiceberg_catalog
         from lakehouse.settings import load_settings
         cat = pyiceberg_catalog(load_settings())
         table = cat.load_table("bronze.events")

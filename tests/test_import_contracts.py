@@ -2,13 +2,16 @@
 
 1. import-linter's contracts from pyproject.toml (`[tool.importlinter]`): the domain never imports
    the Dagster layer, the domain's layers point down, source adapters do not import each other.
-2. No import cycle at all between the modules of `lakehouse` (imports under TYPE_CHECKING and
+2. Every module of `lakehouse` is in a layer of the `domain-layers` contract, as itself or as part
+   of a package listed whole; a package split over layers is itself in none, and its `__init__`
+   may import only its own modules.
+3. No import cycle at all between the modules of `lakehouse` (imports under TYPE_CHECKING and
    inside functions count). import-linter cannot say that: `acyclic_siblings` compares sibling
    *packages*, and a package may hold modules of several levels (lakehouse.lineage.graph sits low,
    lakehouse.lineage.recovery above the source adapters) without any module cycle. So the module
    graph is built with grimp (import-linter's own graph library) and searched with networkx.
 
-Both checks are shown to fail on a small package made for the purpose.
+The checks are shown to fail on a small package made for the purpose.
 """
 
 from __future__ import annotations
@@ -76,6 +79,37 @@ def test_the_import_linter_contracts_in_pyproject_hold():
     assert not broken, f"broken import contracts: {broken}. Run `lint-imports` to see the import chains."
 
 
+def unlayered(package: str, layers: list[str]) -> list[str]:
+    """The modules of `package` in no layer: neither they nor a package above them is listed in
+    `layers` (import-linter's layer strings, "a : b" or "a | b"), and they are not a package split
+    over layers whose `__init__` imports only its own modules."""
+    listed = {name.strip().strip("()") for layer in layers for name in layer.replace("|", ":").split(":")}
+    graph = grimp.build_graph(package, cache_dir=None)
+    missing = []
+    for module in sorted(graph.modules - {package}):
+        parts = module.split(".")
+        if any(".".join(parts[:i]) in listed for i in range(2, len(parts) + 1)):
+            continue
+        split_package = graph.find_children(module) and all(  # its modules are checked one by one
+            imported.startswith(module + ".") for imported in graph.find_modules_directly_imported_by(module))
+        if split_package:
+            continue
+        missing.append(module)
+    return missing
+
+
+def domain_layers() -> list[str]:
+    options = use_cases.read_user_options(str(ROOT / "pyproject.toml"))
+    (contract,) = [c for c in options.contracts_options if c["id"] == "domain-layers"]
+    return contract["layers"]
+
+
+def test_every_module_of_the_domain_is_in_a_layer():
+    missing = unlayered("lakehouse", domain_layers())
+    assert not missing, ("modules in no layer of pyproject's domain-layers contract (put each in the "
+                         f"lowest layer above everything it imports): {missing}")
+
+
 def test_no_import_cycles_anywhere_in_the_repository():
     cycles = import_cycles(*PACKAGES)
     assert not cycles, "import cycles (break them: the lower module must not know the higher):\n" + (
@@ -119,6 +153,16 @@ def test_the_contract_check_names_each_broken_contract(bad_package):
         ],
     )
     assert broken_contracts(options) == ["domain without the dagster layer", "high over mid over low"]
+
+
+def test_the_layer_check_names_each_module_in_no_layer(bad_package):
+    # badpkg.dagsterlayer's __init__ imports nothing: a package split over layers (its modules count)
+    assert unlayered(bad_package, ["badpkg.high", "badpkg.mid : badpkg.low"]) == [
+        "badpkg.dagsterlayer.assets", "badpkg.domain"]
+    assert unlayered(bad_package, ["badpkg.high | badpkg.domain", "badpkg.mid : badpkg.low",
+                                   "badpkg.dagsterlayer.assets"]) == []
+    assert unlayered(bad_package, ["badpkg.dagsterlayer", "badpkg.mid : badpkg.low"]) == [
+        "badpkg.domain", "badpkg.high"]
 
 
 def test_the_cycle_check_finds_cycles_with_their_lines(bad_package):

@@ -1,4 +1,4 @@
-"""Incremental stages (lakehouse.incremental): the demo pipeline run round after round equals a full
+"""Incremental stages (lakehouse.stage.incremental): the demo pipeline run round after round equals a full
 recompute computed by an independent reader (plain Python over the landed files, PyIceberg over the
 tables), through late events, duplicates across rounds, a kill -9 between the silver and gold
 commits and a bronze rewritten under silver; plus the metadata's static checks and the decision
@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from lakehouse.incremental import FULL, MERGE, NOTHING, PARTITIONS, decide
 from lakehouse.metadata.loader import MetadataError, load_metadata
 from lakehouse.metadata.model import Incremental
+from lakehouse.stage.incremental import FULL, MERGE, NOTHING, PARTITIONS, decide
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "metadata" / "demo"
@@ -144,7 +144,7 @@ def test_decide(mode, consumed, end, want, why):
 
 def test_only_rewrites():
     """An upstream read in full beside the incremental one is unchanged across compactions only."""
-    from lakehouse.incremental import only_rewrites
+    from lakehouse.stage.incremental import only_rewrites
 
     assert only_rewrites(GRAPH, 4, 5) and only_rewrites(GRAPH, 6, 7) and only_rewrites(GRAPH, 7, 7)
     assert not only_rewrites(GRAPH, 4, 6) and not only_rewrites(GRAPH, 9, 5)
@@ -156,7 +156,7 @@ def test_only_rewrites():
 def test_key_ranges_cover_every_key_and_give_a_stray_key_its_own_range():
     """A change set's keys become at most MAX_RANGES ranges: every key inside one, none overlapping,
     cut at the widest gaps, so an old id sent again does not stretch a range over the files between."""
-    from lakehouse.pruning import MAX_RANGES, _ranges
+    from lakehouse.stage.pruning import MAX_RANGES, _ranges
 
     new_ids = [f"e{n:010d}" for n in range(720_000, 721_000)]
     strays = ["e0000000042", "e0000350000", "e0000719000"]
@@ -181,7 +181,7 @@ def test_key_ranges_cover_every_key_and_give_a_stray_key_its_own_range():
     ("substr(ts, 1, 10)", "d", None),
 ])
 def test_day_column_of_an_upstream_partition_expression(expression, column, want):
-    from lakehouse.pruning import day_column
+    from lakehouse.stage.pruning import day_column
 
     assert day_column(expression, column) == want
 
@@ -256,7 +256,7 @@ def _tables(settings):
 
 
 def run_stages(platform, stages=STAGES) -> dict:
-    from lakehouse.runner import StageRunner
+    from lakehouse.stage.runner import StageRunner
 
     out = {}
     for name in stages:
@@ -268,7 +268,7 @@ def run_stages(platform, stages=STAGES) -> dict:
 
 
 def _mode(cat, ident: str) -> str | None:
-    return cat.load_table(ident).current_snapshot().summary.additional_properties.get("lakehouse.incremental")
+    return cat.load_table(ident).current_snapshot().summary.additional_properties.get("lakehouse.stage.incremental")
 
 
 def _apply_one(platform, tmp_path, text: str):
@@ -294,7 +294,7 @@ def demo(platform):
 
 
 RUN = """
-from lakehouse.runner import Platform, StageRunner
+from lakehouse.stage.runner import Platform, StageRunner
 p = Platform.from_env()
 for name in ("bronze_ingest", "silver_clean", "gold_aggregate"):
     r = StageRunner(p, "user_events_etl", name)
@@ -407,7 +407,7 @@ stages:
 def test_merge_order_by_keeps_the_newest_version_whatever_arrives_when(platform, tmp_path):
     """order_by: duplicates of a key in one change set keep the highest version, and a version older
     than the target's, arriving later, changes nothing; the full first run dedupes the same way."""
-    from lakehouse.runner import StageRunner
+    from lakehouse.stage.runner import StageRunner
 
     cat = _apply_one(platform, tmp_path, VERSIONS)
     landing = platform.settings.landing_dir / "versions"
@@ -456,8 +456,8 @@ def test_merge_audit_reads_the_merged_keys_and_still_catches_what_the_whole_tabl
     """A merge is audited on the rows of the keys it merged (read through their pruning predicate, not
     the whole table), yet a bad value in the change set and a duplicate made against an old row both
     block the publish; a null key merges into its null row (the MERGE's pruning keeps nulls)."""
-    from lakehouse.core import AuditFailed
-    from lakehouse.runner import StageRunner
+    from lakehouse.stage.core import AuditFailed
+    from lakehouse.stage.runner import StageRunner
 
     cat = _apply_one(platform, tmp_path, ACCOUNTS)
     landing = platform.settings.landing_dir / "accounts"
@@ -554,7 +554,7 @@ def test_join_to_a_dimension_reads_the_facts_incrementally_and_recomputes_when_t
     """Orders joined to users, orders read incrementally: new orders are merged while users stay as they
     were (both snapshots recorded in the commit); once users changed, the run recomputes in full, says
     why, and old orders get the new country, which merging the new orders alone would have missed."""
-    from lakehouse.runner import StageRunner
+    from lakehouse.stage.runner import StageRunner
 
     cat = _apply_one(platform, tmp_path, ORDERS)
     s = platform.settings
@@ -653,7 +653,7 @@ def test_time_partition_is_checked_statically(tmp_path):
 
 def _clicks_pipeline(platform, tmp_path: Path, metadata: str):
     """The clicks pipeline applied; returns land(file name, [(ts, amount)]) and run(stage name)."""
-    from lakehouse.runner import StageRunner
+    from lakehouse.stage.runner import StageRunner
 
     landing = platform.settings.landing_dir / "clicks"
     landing.mkdir(parents=True)
@@ -710,7 +710,7 @@ def test_backfill_of_three_days_from_the_cli_rewrites_exactly_those(platform, tm
     after = _clicks(cat)
     assert after == {**before, "2026-11-02": (3, 12), "2026-11-03": (3, 12), "2026-11-04": (3, 12)}  # 11-05 untouched
     props = cat.load_table("gold.daily_clicks").current_snapshot().summary.additional_properties
-    assert (props["lakehouse.incremental"], props["lakehouse.partition_window"]) == ("window", "2026-11-02..2026-11-04")
+    assert (props["lakehouse.stage.incremental"], props["lakehouse.partition_window"]) == ("window", "2026-11-02..2026-11-04")
     assert props["changed-partition-count"] == "3"
     # through write-audit-publish: the rule ran on the run's audit branch, which the publish removed
     run_id = props["lakehouse.run_id"]
@@ -755,9 +755,9 @@ def test_time_partitions_by_hour_and_month(tmp_path, settings, capsys):
 
     from lakehouse.cli import main as cli
     from lakehouse.errors import ConfigurationError
-    from lakehouse.incremental import RANGE_END_TAG, RANGE_START_TAG, partition_window
     from lakehouse.metadata.model import Target
     from lakehouse.metadata.store import MetadataStore
+    from lakehouse.stage.incremental import RANGE_END_TAG, RANGE_START_TAG, partition_window
     from lakehouse_assets.factory import time_partitions
 
     assert "date_trunc('HOUR'" in HOURLY and "granularity: hour" in HOURLY and "daily_clicks" not in HOURLY

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from lakehouse.throughput.instance import TEMPLATE
+from lakehouse.orchestration.instance import TEMPLATE
 
 pytestmark = pytest.mark.slow  # forks processes that initialise Dagster storage
 
@@ -79,8 +79,8 @@ def test_a_home_made_from_an_older_template_is_made_again_and_the_old_file_kept(
     """A dagster.yaml written before the platform stopped replacing Dagster's storage and compute logs
     names modules that no longer exist: the default home is made again from the current template,
     the old file kept beside it, and the instance opens."""
+    from lakehouse.orchestration.instance import ensure_home
     from lakehouse.settings import load_settings
-    from lakehouse.throughput.instance import ensure_home
 
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
     monkeypatch.setenv("LAKEHOUSE_HOME", str(tmp_path))

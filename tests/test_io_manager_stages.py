@@ -10,7 +10,7 @@ import uuid
 import dagster as dg
 import pytest
 
-from lakehouse import pins
+from lakehouse.stage import pins
 from tests.test_wap_helpers import BASE, land, land_customers, main_snapshot, order, pyiceberg, rows_of
 from tests.test_wap_helpers import apply as apply_rules
 
@@ -98,7 +98,7 @@ def test_failed_blocking_audit_is_no_materialization(platform, tmp_path):
     from dagster import DagsterEventType
     from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
-    from lakehouse.iceberg import branch_name_for_run
+    from lakehouse.table.iceberg import branch_name_for_run
 
     apply_rules(platform, tmp_path, RULES, base=PYTHON_STAGE)
     land_customers(platform)

@@ -17,7 +17,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from lakehouse.control import faults
 from lakehouse.ingest import jdbc
 from lakehouse.metadata.loader import load_metadata
-from lakehouse.runner import StageRunner
+from lakehouse.stage.runner import StageRunner
 
 T0 = datetime(2024, 1, 1)
 

@@ -12,7 +12,7 @@ import psycopg2
 import pytest
 
 from lakehouse.metadata.loader import MetadataError, load_metadata
-from lakehouse.runner import StageRunner
+from lakehouse.stage.runner import StageRunner
 from tests import test_jdbc
 from tests.test_jdbc import apply_yaml, iceberg_rows, pipeline_doc
 

@@ -15,9 +15,9 @@ import pytest
 import sqlalchemy as sa
 from pyiceberg.catalog.sql import SqlCatalog
 
-from lakehouse.iceberg import branch_name_for_run
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore
+from lakehouse.table.iceberg import branch_name_for_run
 
 FILES, ROWS_PER_FILE = 60, 5
 
@@ -131,7 +131,7 @@ def test_flag_flip_by_sql_stops_runs_on_a_real_daemon(settings, tmp_path, dagste
     d.stop()
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE pipelines SET enabled = :v WHERE pipeline_id = :p"), {"v": True, "p": "ks"})
-    from lakehouse.runner import Platform
+    from lakehouse.stage.runner import Platform
     from lakehouse_assets.definitions import build_definitions, pipeline_job
 
     platform = Platform(settings, store)

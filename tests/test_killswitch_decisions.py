@@ -6,10 +6,10 @@ from __future__ import annotations
 import dagster as dg
 import sqlalchemy as sa
 
-from lakehouse.control.killswitch import enforce, runs_to_stop
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore
-from lakehouse.runner import Platform
+from lakehouse.orchestration.killswitch import enforce, runs_to_stop
+from lakehouse.stage.runner import Platform
 
 META = """
 pipelines:

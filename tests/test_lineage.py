@@ -31,7 +31,7 @@ def cli(*argv: str) -> subprocess.CompletedProcess:
 
 def test_dagster_assets_carry_sql_deps_and_column_lineage(settings):
     from lakehouse.metadata.store import MetadataStore
-    from lakehouse.runner import Platform
+    from lakehouse.stage.runner import Platform
     from lakehouse_assets.definitions import build_definitions
 
     platform = Platform(settings, MetadataStore(settings.control_db_url))

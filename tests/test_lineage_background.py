@@ -101,15 +101,15 @@ def test_the_emitter_is_imported_once_by_the_parent_before_the_first_fork(record
     first step asked), the parent of a Spark run imports it before forking: the children inherit it
     instead of each importing it again (~0.7 s of CPU per stage). A run without a session (the
     Arrow engine) leaves the import to its child, beside the run."""
-    import lakehouse.spark
+    import lakehouse.runtime.spark
 
     imported: list[int] = []
     monkeypatch.setattr(background, "_import_emitter", lambda: imported.append(os.getpid()))
-    monkeypatch.setattr(lakehouse.spark, "active_session", lambda: None)
+    monkeypatch.setattr(lakehouse.runtime.spark, "active_session", lambda: None)
     with background.in_background():
         background.emit_stage_run(_runner("bronze"), None, None, success=True)
     assert imported == []  # no session: not in the parent
-    monkeypatch.setattr(lakehouse.spark, "active_session", lambda: object())
+    monkeypatch.setattr(lakehouse.runtime.spark, "active_session", lambda: object())
     with background.in_background():
         background.emit_stage_run(_runner("bronze"), None, None, success=True)
         background.emit_stage_run(_runner("silver"), None, None, success=True)

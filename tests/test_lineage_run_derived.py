@@ -16,13 +16,13 @@ from types import SimpleNamespace
 import pytest
 import sqlalchemy as sa
 
-from lakehouse.core import StageContext
 from lakehouse.lineage import datahub, recovery
 from lakehouse.metadata.derived import stored_derivations
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore, derived_stages
-from lakehouse.runner import Platform
 from lakehouse.settings import load_settings
+from lakehouse.stage.core import StageContext
+from lakehouse.stage.runner import Platform
 from tests.conftest import seed_control_db
 
 DEMO = Path(__file__).resolve().parent.parent / "metadata" / "demo"
@@ -47,8 +47,8 @@ def no_parsing(monkeypatch) -> list[str]:
     platform's entry points, whose results may be cached from earlier tests)."""
     import sqlglot.parser
 
-    from lakehouse import sqlparse
     from lakehouse.lineage import columns
+    from lakehouse.sql import parse as sqlparse
 
     calls: list[str] = []
 

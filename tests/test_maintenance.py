@@ -1,4 +1,4 @@
-"""Table maintenance (lakehouse.maintenance) on real Spark and Iceberg, read back with PyIceberg.
+"""Table maintenance (lakehouse.table.maintenance) on real Spark and Iceberg, read back with PyIceberg.
 
 Proven: 40 small appends, then `lakehouse maintain TABLE`: the live file count drops, the rows are
 identical (PyIceberg, an independent reader), old snapshots are expired but a kept failed audit's
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from lakehouse import branches, maintenance
 from lakehouse.cli import main as cli
 from lakehouse.metadata.loader import load_metadata
+from lakehouse.table import branches, maintenance
 
 pytestmark = pytest.mark.slow
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from lakehouse import maintenance
 from lakehouse.cli import main as cli
-from lakehouse.incremental import MERGE, PARTITIONS, consumed_marks
 from lakehouse.metadata.loader import load_metadata
+from lakehouse.stage.incremental import MERGE, PARTITIONS, consumed_marks
+from lakehouse.table import maintenance
 from tests.test_incremental import DEMO, Feed, _last_incremental, _mode, _tables, run_stages
 
 pytestmark = pytest.mark.slow
@@ -178,8 +178,8 @@ def test_a_compacted_dimension_is_no_change(platform, tmp_path):
     snapshot) is not a change of users, so the next run still merges only the new orders."""
     import json
 
-    from lakehouse.iceberg import quote, sql_string
-    from lakehouse.runner import StageRunner
+    from lakehouse.stage.runner import StageRunner
+    from lakehouse.table.iceberg import quote, sql_string
     from tests.test_incremental import ORDERS, _apply_one
 
     cat = _apply_one(platform, tmp_path, ORDERS)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from lakehouse import maintenance
 from lakehouse.metadata.loader import MetadataError, load_metadata
+from lakehouse.table import maintenance
 
 
 def test_malformed_maintenance_block_names_the_field(tmp_path):

@@ -17,10 +17,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from lakehouse import maintenance
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore
-from lakehouse.runner import Platform
+from lakehouse.stage.runner import Platform
+from lakehouse.table import maintenance
 
 NS = "young"
 
@@ -40,8 +40,8 @@ targets:
 @pytest.fixture
 def no_spark(monkeypatch):
     """Asking for the SparkSession fails the test (also in a session whose slow tests started one); on
-    return no session was started or is starting that was not before (lakehouse.spark.started_or_starting)."""
-    from lakehouse import spark
+    return no session was started or is starting that was not before (lakehouse.runtime.spark.started_or_starting)."""
+    from lakehouse.runtime import spark
 
     def refuse(*_args, **_kwargs):
         pytest.fail("maintenance asked for a SparkSession with nothing due", pytrace=False)

@@ -139,7 +139,7 @@ def test_the_partitions_a_run_wrote_are_materialized_then_the_backfilled_ones_ag
     # its own Dagster instance: tests/test_incremental.py materializes the same asset key in this worker
     (tmp_path / "dagster_home").mkdir()
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
-    from lakehouse.runner import StageRunner
+    from lakehouse.stage.runner import StageRunner
     from tests.test_incremental import CLICKS
 
     landing = platform.settings.landing_dir / "clicks"

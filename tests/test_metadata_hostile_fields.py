@@ -4,7 +4,7 @@ when the metadata is loaded, each naming the file, the entry and the field, inst
 
 * DuckDB SQL (a `sql_engine: duckdb` stage, an expression rule the Arrow engine evaluates) that
   reads files, URLs, other databases, extensions or settings: refused by the check the run uses
-  (`lakehouse.sqlparse.external_access`, inside `to_duckdb` / `expression_to_duckdb`);
+  (`lakehouse.sql.parse.external_access`, inside `to_duckdb` / `expression_to_duckdb`);
 * merge keys, rule columns and declared column names that carry a quote, ';', a comment marker or a
   control character; declared types that are not one Spark SQL type (the ingestion's own grammar,
   `lakehouse.metadata.spark_types`);
@@ -23,7 +23,7 @@ import yaml
 from lakehouse.metadata.loader import MetadataError, load_metadata
 from lakehouse.metadata.model import ColumnSpec, Rule, Target
 from lakehouse.sources.duckdb_sql import query_arrow
-from lakehouse.sqlparse import DuckdbSqlError, duckdb_problem, expression_problem
+from lakehouse.sql.parse import DuckdbSqlError, duckdb_problem, expression_problem
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,7 +9,7 @@ import dagster as dg
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from lakehouse.demo import expected_daily, generate_user_events
+from lakehouse.cli.demo import expected_daily, generate_user_events
 from lakehouse.metadata.loader import load_metadata
 from lakehouse_assets.definitions import build_definitions, pipeline_job
 

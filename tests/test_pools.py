@@ -19,8 +19,8 @@ import yaml
 from lakehouse.cli import main as cli_main
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore
-from lakehouse.runner import Platform
-from lakehouse.throughput.pools import current_limits, sync_instance
+from lakehouse.orchestration.pools import current_limits, sync_instance
+from lakehouse.stage.runner import Platform
 from tests.fixtures.ticks import tick as evaluate_tick
 
 CODELOC = "tests.test_pools_codeloc"

@@ -17,7 +17,7 @@ import time
 
 
 def _patched_definitions():
-    from lakehouse import runner
+    from lakehouse.stage import runner
 
     def extract(self):
         time.sleep(float(os.environ.get("LAKEHOUSE_TEST_STEP_SECONDS", "2")))

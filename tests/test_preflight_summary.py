@@ -13,8 +13,8 @@ import pytest
 
 from lakehouse.cli import main as cli
 from lakehouse.metadata.loader import load_metadata
-from lakehouse.preflight import problems_for
-from lakehouse.run_summary import FAILED, STOPPED, SUCCESS, WARNINGS, CheckReport, RunSummary, StageReport
+from lakehouse.runtime.preflight import problems_for
+from lakehouse.stage.run_summary import FAILED, STOPPED, SUCCESS, WARNINGS, CheckReport, RunSummary, StageReport
 from tests.conftest import seed_control_db
 from tests.test_static_checks import SHOP, shop
 
@@ -39,8 +39,8 @@ def home(tmp_path, monkeypatch, control_db_at_head) -> Path:
 
 def make_table(home: Path, ident: str, schema: pa.Schema, rows: dict) -> None:
     """A real Iceberg table in the home's embedded catalog, written by PyIceberg."""
-    from lakehouse.catalog import pyiceberg_catalog
     from lakehouse.settings import load_settings
+    from lakehouse.table.catalog import pyiceberg_catalog
 
     cat = pyiceberg_catalog(load_settings())
     ns = ident.split(".")[0]
@@ -220,7 +220,7 @@ def test_apply_syncs_the_headless_instance_and_says_what_is_not_enforced(home, t
     assert "DAGSTER_HOME" not in os.environ
     instance = dg.DagsterInstance.from_config(str(home / "dagster_home"))
     assert {p.name: p.limit for p in instance.event_log_storage.get_pool_limits()}["source:orders_raw"] == 1
-    from lakehouse.throughput.instance import unenforced
+    from lakehouse.orchestration.instance import unenforced
 
     cat = load_metadata(meta).catalog
     assert unenforced(cat, instance) == []
@@ -238,7 +238,7 @@ def test_slots_of_a_killed_headless_run_are_freed(home, tmp_path, monkeypatch):
     import dagster as dg
     from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
 
-    from lakehouse.throughput.instance import HOST_TAG, PID_TAG, free_stale_slots
+    from lakehouse.orchestration.instance import HOST_TAG, PID_TAG, free_stale_slots
 
     dh = home / "dagster_home"
     dh.mkdir()

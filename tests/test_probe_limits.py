@@ -299,9 +299,9 @@ def test_landing_listing_refuses_symlinks_out_of_the_root(tmp_path):
 
 
 def test_entity_raw_load_requests_cannot_leave_the_landing_root(settings, tmp_path):
-    from lakehouse.entity_raw import LoadRequest, resolve_files
     from lakehouse.metadata.store import MetadataStore
-    from lakehouse.runner import Platform
+    from lakehouse.stage.entity_raw import LoadRequest, resolve_files
+    from lakehouse.stage.runner import Platform
 
     platform = Platform(settings, MetadataStore(settings.control_db_url))  # no Spark needed to resolve files
     root = settings.landing_dir / "apps"

@@ -1,4 +1,4 @@
-"""lakehouse.procstat, the one /proc/<pid>/stat reader of the benches and tests, on real processes:
+"""lakehouse.runtime.procstat, the one /proc/<pid>/stat reader of the benches and tests, on real processes:
 this one, a child that names itself with spaces and parentheses, a zombie's final CPU, start times."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from lakehouse import procstat
+from lakehouse.runtime import procstat
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="Linux /proc only")
 

@@ -12,11 +12,11 @@ import dagster as dg
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from lakehouse.demo import expected_daily, generate_user_events
+from lakehouse.cli.demo import expected_daily, generate_user_events
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore
-from lakehouse.runner import Platform
 from lakehouse.settings import load_settings
+from lakehouse.stage.runner import Platform
 from lakehouse_assets.definitions import build_definitions, pipeline_job
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -50,7 +50,7 @@ def test_settings_derive_jdbc_url_without_credentials(production_env):
     s = load_settings()
     assert s.catalog_jdbc_url == (f"jdbc:postgresql://{production_env['DAGSTER_PG_HOST']}:"
                                   f"{production_env['DAGSTER_PG_PORT']}/{production_env['catalog_db']}")
-    from lakehouse.spark import catalog_conf
+    from lakehouse.runtime.spark import catalog_conf
 
     conf = catalog_conf(s)
     prefix = f"spark.sql.catalog.{s.catalog_name}"
@@ -79,7 +79,7 @@ def test_demo_pipeline_on_postgres_storage_and_catalog(production_env, spark, po
         assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
         assert instance.run_monitoring_settings["free_slots_after_run_end_seconds"] == 60
 
-        from lakehouse.throughput.instance import sync_pools
+        from lakehouse.orchestration.instance import sync_pools
 
         sync_pools(platform, instance)
         limits = {p.name: p.limit for p in instance.event_log_storage.get_pool_limits()}

@@ -15,7 +15,7 @@ import pyspark
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from lakehouse.demo import expected_daily
+from lakehouse.cli.demo import expected_daily
 from tests.fixtures.dagster_dev import REPO, lakehouse_cli, platform_env, stop_process_group
 from tests.fixtures.net import free_port
 

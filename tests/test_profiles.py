@@ -8,7 +8,8 @@ import pytest
 
 from lakehouse.cli import main as cli_main
 from lakehouse.metadata.model import PipelineProfile, ProfileSetting
-from lakehouse.runner import Platform
+from lakehouse.orchestration.queue import request_tags, retag_queued_runs
+from lakehouse.stage.runner import Platform
 from lakehouse.throughput.profiles import (
     PRIORITY_TAG,
     PROFILE_TAG,
@@ -20,7 +21,6 @@ from lakehouse.throughput.profiles import (
     profile_settings,
     reserve_key,
 )
-from lakehouse.throughput.queue import request_tags, retag_queued_runs
 from tests.fixtures.ticks import tick as evaluate_tick
 from tests.test_pools import CODELOC, apply, throughput_metadata
 

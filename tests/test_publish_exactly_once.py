@@ -20,9 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from lakehouse import entity_raw
 from lakehouse.metadata.loader import load_metadata
-from lakehouse.runner import StageRunner
+from lakehouse.stage import entity_raw
+from lakehouse.stage.runner import StageRunner
 
 pytestmark = pytest.mark.slow
 

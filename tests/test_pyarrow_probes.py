@@ -1,4 +1,4 @@
-"""lakehouse.pyarrow_probes: pyarrow's pandas probes answered without importing pandas, and what
+"""lakehouse.runtime.pyarrow_probes: pyarrow's pandas probes answered without importing pandas, and what
 stays different in that process if something imports pandas afterwards (why only an Arrow-only
 `lakehouse run`'s own process answers them). Each case in a fresh interpreter: the answers last
 for the process."""
@@ -24,14 +24,14 @@ def _python(code: str) -> dict:
 def test_answered_probes_keep_pandas_out_and_what_differs_once_pandas_is_imported_anyway():
     out = _python("""
         import datetime, json, sys
-        from lakehouse import pyarrow_probes
+        from lakehouse.runtime import pyarrow_probes
         answered = pyarrow_probes.answer_pandas_probes()
         import numpy as np, pyarrow as pa, pyarrow.compute as pc
         # the Arrow engine's kinds of conversions: Python lists and scalars, numpy arrays, kernels
         pa.array([1, None]); pa.scalar("x"); pa.repeat(pa.scalar("f", pa.string()), 3)
         pa.table({"a": [1.5], "t": [datetime.datetime(2026, 1, 1)]}); pc.equal(pa.array(np.arange(3)), 1)
         out = {"answered": answered, "applied": pyarrow_probes.applied(), "finder_gone":
-               not any(type(f).__module__ == "lakehouse.pyarrow_probes" for f in sys.meta_path),
+               not any(type(f).__module__ == "lakehouse.runtime.pyarrow_probes" for f in sys.meta_path),
                "ns_as_py": type(pa.scalar(1000, pa.timestamp("ns")).as_py()).__name__,
                "pandas": "pandas" in sys.modules}
 
@@ -68,7 +68,7 @@ def test_nothing_is_answered_when_pandas_is_imported_already():
     out = _python("""
         import json, sys
         import pandas as pd
-        from lakehouse import pyarrow_probes
+        from lakehouse.runtime import pyarrow_probes
         answered = pyarrow_probes.answer_pandas_probes()
         import pyarrow as pa
         ns = pd.Timestamp("2026-01-01 00:00:00.000000001")

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lakehouse.demo import expected_daily, generate_user_events
+from lakehouse.cli.demo import expected_daily, generate_user_events
 from lakehouse.lineage.graph import build_graph, routes
 from lakehouse.lineage.recovery import NoRecoveryPath, probe_source, reroute, route_report
 from lakehouse.metadata.loader import load_metadata
-from lakehouse.runner import StageRunner
+from lakehouse.stage.runner import StageRunner
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "metadata" / "demo"

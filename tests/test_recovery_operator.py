@@ -35,7 +35,7 @@ def apply(meta: Path) -> None:
 
 def test_operator_path_survives_apply_and_wins(settings, tmp_path, capsys, monkeypatch):
     from lakehouse.metadata.store import TABLES, MetadataStore
-    from lakehouse.runner import Platform
+    from lakehouse.stage.runner import Platform
 
     meta = demo_with_replica(tmp_path)
     (meta / "operator.yaml").write_text(OPERATOR)
@@ -87,10 +87,10 @@ def test_operator_paths_are_validated(tmp_path):
 
 
 def test_pre_run_check_lets_a_missing_upstream_with_a_live_replica_through(tmp_path):
-    """The run's pre-run check (lakehouse.preflight) must not stop a stage whose upstream is gone
+    """The run's pre-run check (lakehouse.runtime.preflight) must not stop a stage whose upstream is gone
     while that table's declared replica exists: the stage reads the replica. Without a live replica
     the missing upstream is still a configuration problem."""
-    from lakehouse.preflight import problems_for
+    from lakehouse.runtime.preflight import problems_for
 
     meta = tmp_path / "meta"
     shutil.copytree(REPO / "metadata" / "demo", meta)
@@ -112,7 +112,7 @@ def test_sql_stage_reads_the_declared_replica_when_its_upstream_is_unavailable(p
     monkeypatch.setenv("LAKEHOUSE_DATAHUB", "off")
     from pyiceberg.catalog.sql import SqlCatalog
 
-    from lakehouse.demo import generate_user_events
+    from lakehouse.cli.demo import generate_user_events
     from lakehouse_assets.definitions import build_definitions, pipeline_job
 
     meta = tmp_path / "meta"

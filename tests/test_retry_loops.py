@@ -1,4 +1,4 @@
-"""The loops that used to run on their own now run through lakehouse/retry.py's named policies, and
+"""The loops that used to run on their own now run through lakehouse/runtime/retry.py's named policies, and
 stop where docs/errors.md says (fast: no Spark, no server).
 
 * riding out a database outage (`retry.OUTAGE`): calls repeat with backoff until the window is
@@ -16,9 +16,10 @@ import sqlite3
 import pytest
 import sqlalchemy as sa
 
-from lakehouse import coordination, errors, outage, retry
+from lakehouse import errors
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.platform import Platform
+from lakehouse.runtime import coordination, outage, retry
 from lakehouse.settings import load_settings
 
 

@@ -14,7 +14,7 @@ from lakehouse.control.retry import base_delay, decide, delay, policy_for, sched
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.model import RetryPolicy
 from lakehouse.metadata.store import MetadataStore
-from lakehouse.runner import Platform
+from lakehouse.stage.runner import Platform
 
 
 def test_backoff_shapes():

@@ -144,7 +144,7 @@ def test_a_disabled_middle_stage_skips_itself_and_its_downstream_while_upstream_
     assert obs[0].description.startswith("nothing new since snapshot ")
 
     # the dashboard: the same status, with the reason; the pass rate counts evaluations only
-    from lakehouse.dashboard import compute_overview, render_markdown, summary
+    from lakehouse.ops.dashboard import compute_overview, render_markdown, summary
 
     ov = compute_overview(lake)
     rule = ov.rule("gold.ex", "has_rows")

@@ -11,11 +11,11 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from lakehouse import spark as sparkmod
 from lakehouse.engines.choice import stages_may_need_spark
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.platform import Platform
+from lakehouse.runtime import spark as sparkmod
 from lakehouse.settings import load_settings
 from resources.lakehouse import LakehouseResource
 from resources.spark import spark_resource
@@ -130,11 +130,11 @@ E2E = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     import dagster as dg
-    from lakehouse import procstat
-    from lakehouse.demo import generate_user_events
+    from lakehouse.runtime import procstat
+    from lakehouse.cli.demo import generate_user_events
     from lakehouse.metadata.loader import load_metadata
     from lakehouse.platform import Platform
-    from lakehouse.spark import _own_spark_children
+    from lakehouse.runtime.spark import _own_spark_children
     from lakehouse_assets.definitions import build_definitions
 
     platform = Platform.from_env()
@@ -188,8 +188,8 @@ TEARDOWN_E2E = textwrap.dedent("""
     from pathlib import Path
     import dagster as dg
     import pyspark.java_gateway as jg
-    from lakehouse import procstat
-    from lakehouse import spark as sparkmod
+    from lakehouse.runtime import procstat
+    from lakehouse.runtime import spark as sparkmod
     from lakehouse.metadata.loader import load_metadata
     from lakehouse.platform import Platform
     from lakehouse_assets.definitions import build_definitions

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from lakehouse import procstat
+from lakehouse.runtime import procstat
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -17,8 +17,8 @@ from pyiceberg.catalog.sql import SqlCatalog
 from lakehouse.ingest.checkpoints import Checkpoints
 from lakehouse.ingest.s3 import ARRIVAL_TAG, list_files
 from lakehouse.metadata.loader import load_metadata
-from lakehouse.runner import StageRunner
 from lakehouse.sources.arrivals import poll_arrivals
+from lakehouse.stage.runner import StageRunner
 from tests.fixtures.ticks import tick as evaluate_tick
 
 PIPELINE = """

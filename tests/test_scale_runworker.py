@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from lakehouse.demo import generate_user_events
+from lakehouse.cli.demo import generate_user_events
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore
 from tests.test_derived_metadata import copies

@@ -28,7 +28,7 @@ PACKAGES = ("lakehouse", "lakehouse_assets", "resources", "sensors", "schedules"
 READS_ALLOWED = {
     "lakehouse/control/healing.py": "passes the process's environment on to a heal command it runs",
 }
-#: modules that write the environment: none (the Dagster instance opens by path, lakehouse.throughput.instance)
+#: modules that write the environment: none (the Dagster instance opens by path, lakehouse.orchestration.instance)
 WRITES_ALLOWED: set[str] = set()
 
 
@@ -174,7 +174,7 @@ def test_a_section_is_read_again_only_when_its_variables_change(monkeypatch):
 def test_the_spark_conf_the_ui_shows_is_the_conf_the_run_uses(monkeypatch, tmp_path):
     """The `pyspark` resource's `spark_config` (what the UI shows, without credentials) is what the
     session is built from, a run's config change included; the credentials come from the settings."""
-    from lakehouse import spark as sparkmod
+    from lakehouse.runtime import spark as sparkmod
     from resources.lakehouse import LakehouseResource
     from resources.spark import spark_resource
 

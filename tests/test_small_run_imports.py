@@ -7,8 +7,8 @@ code location's Spark resource imports it when a step first asks for a session).
 still is, without a JVM: the files path of both engines (probe, `lakehouse.ingest.reconcile`)
 uses its type classes as its schema model. A code server's import of the definitions imports
 neither. A Spark run's driver reads table metadata without PyIceberg's pyarrow FileIO, so without
-pyarrow.dataset and pandas (lakehouse.iceberg_fileio). Each run's process starts as the console
-script's does (lakehouse._entry): the cyclic collector paused until the job starts (lakehouse.startup)."""
+pyarrow.dataset and pandas (lakehouse.table.fileio). Each run's process starts as the console
+script's does (lakehouse._entry): the cyclic collector paused until the job starts (lakehouse.runtime.startup)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ validation_rules:
 
 SCRIPT = textwrap.dedent("""
     import atexit, gc, json, sys
-    from lakehouse import _entry, startup  # noqa: F401 - nothing else of lakehouse yet: the start-up is measured
+    from lakehouse import _entry  # noqa: F401 - nothing else of lakehouse yet: the start-up is measured
+    from lakehouse.runtime import startup
 
     collections = {"start-up": 0, "job": 0}  # cyclic collections before the run froze its start-up, and after
 
@@ -53,7 +54,7 @@ SCRIPT = textwrap.dedent("""
     gc.callbacks.append(count)
 
     def report():
-        from lakehouse import pyarrow_probes
+        from lakehouse.runtime import pyarrow_probes
 
         print(f"FROZEN {gc.get_freeze_count()}")
         print(f"COLLECTIONS {json.dumps([collections, gc.isenabled()])}")
@@ -92,7 +93,7 @@ def _run_small(tmp_path, meta: str):
 
 
 def _probes_answered(run) -> bool:
-    """Whether the run answered pyarrow's pandas probes without pandas (lakehouse.pyarrow_probes)."""
+    """Whether the run answered pyarrow's pandas probes without pandas (lakehouse.runtime.pyarrow_probes)."""
     return json.loads(next(line for line in run.stdout.splitlines() if line.startswith("PROBES "))[7:])
 
 
@@ -108,14 +109,14 @@ def test_an_arrow_run_imports_no_networkx_nor_datahub_ingestion(tmp_path):
     # the guard above can fail: the run's files path does import pyspark's type classes
     assert "pyspark.sql.types" in modules, modules
     # nor pandas (~300 modules): the Arrow engine's conversions of Python objects would import it for
-    # pyarrow's "is this a pandas object?" probes, which the run answers without it (lakehouse.pyarrow_probes)
+    # pyarrow's "is this a pandas object?" probes, which the run answers without it (lakehouse.runtime.pyarrow_probes)
     assert "pyarrow.compute" in modules and _probes_answered(run), modules  # the guard can fail
     assert not [m for m in modules if m.split(".")[0] == "pandas"], "a small Arrow run imported pandas"
     # what was alive when the job started (modules, definitions, instance) is frozen for the cyclic
     # collector (lakehouse_assets.cli): its full collections during the run skip it
     frozen = int(next(line for line in run.stdout.splitlines() if line.startswith("FROZEN "))[7:])
     assert frozen > 100_000, frozen
-    # the collector was paused while the process started (lakehouse.startup: ~500 collections, ~0.2 s of
+    # the collector was paused while the process started (lakehouse.runtime.startup: ~500 collections, ~0.2 s of
     # CPU before) and collected the job's garbage after the freeze, as before
     collections, enabled = json.loads(next(line for line in run.stdout.splitlines()
                                            if line.startswith("COLLECTIONS "))[12:])
@@ -166,7 +167,7 @@ SPARK_META = META.replace("engine: arrow}", "engine: spark}\n  - {target_id: sil
 @pytest.mark.slow  # two platform processes and a JVM
 def test_a_spark_run_reads_table_metadata_without_pyarrow_dataset_nor_pandas(tmp_path):
     """A Spark run's driver uses PyIceberg for metadata only (loads, snapshots, manifests, pins,
-    audits): on a local warehouse through plain files (lakehouse.iceberg_fileio), so neither PyIceberg's
+    audits): on a local warehouse through plain files (lakehouse.table.fileio), so neither PyIceberg's
     pyarrow FileIO nor pyarrow.dataset and pandas (~0.3 s of CPU) are imported; Spark writes the data."""
     run, modules = _run_small(tmp_path, SPARK_META)
     assert "silver/events  published" in run.stdout, run.stdout
@@ -183,7 +184,7 @@ AUTO_META = META.replace("engine: arrow}", "engine: auto, arrow_max_bytes: 10}")
 @pytest.mark.slow  # two platform processes and a JVM
 def test_an_auto_stage_too_big_for_arrow_runs_on_spark_after_the_pandas_probes_were_answered(tmp_path):
     """An `auto` stage is one the Arrow engine may write, so its run answers pyarrow's pandas probes
-    without pandas before the input is known (lakehouse.pyarrow_probes); input over the threshold is
+    without pandas before the input is known (lakehouse.runtime.pyarrow_probes); input over the threshold is
     written by Spark after all, whose driver hands pyarrow no pandas objects: the run is as before."""
     home = tmp_path / "home"
     run, modules = _run_small(tmp_path, AUTO_META)  # published, one row quarantined, the checks as with Arrow

@@ -10,17 +10,17 @@ import dagster as dg
 import pytest
 from dagster_aws.s3 import S3Resource
 
-from lakehouse import coordination
-from lakehouse.core import PYTHON, SQL, ExtractPlan, FileRef, StageContext
 from lakehouse.ingest.paths import PathEscape
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.model import Source
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.platform import Platform
-from lakehouse.publish import Overlap, PublishResult
-from lakehouse.s3access import S3Clients
+from lakehouse.runtime import coordination
+from lakehouse.runtime.s3access import S3Clients
 from lakehouse.sources import adapter_for, kinds
 from lakehouse.sources.base import SourceAdapter, register
+from lakehouse.stage.core import PYTHON, SQL, ExtractPlan, FileRef, StageContext
+from lakehouse.table.publish import Overlap, PublishResult
 from lakehouse_assets.definitions import _resources
 from resources import LakehouseResource
 

@@ -1,5 +1,5 @@
 """`lakehouse run` launches the JVM before the command line's own imports when the run surely
-needs Spark (lakehouse.spark.start_early): decided from the control DB with sqlite3 alone. The guess
+needs Spark (lakehouse.runtime.spark.start_early): decided from the control DB with sqlite3 alone. The guess
 may only say yes where the run's own decision (lakehouse.engines.choice.may_need_spark) says yes; any doubt
 starts nothing. No JVM here: `warm_up` is replaced by a recorder."""
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from lakehouse import spark as sparkmod
 from lakehouse.engines.choice import may_need_spark
 from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.store import MetadataStore
+from lakehouse.runtime import spark as sparkmod
 from lakehouse.settings import load_settings
 from tests.test_arrow_engine import META, RULES
 
@@ -106,7 +106,7 @@ def test_the_command_line_starts_nothing_when_imported(home, tmp_path, demo_db):
     program's entry (the console script, `python -m lakehouse`, `python -m lakehouse.cli`) guesses."""
     _demo(demo_db, tmp_path)
     code = ("import sys; sys.argv = [sys.argv[1], 'run', 'user_events_etl']; import lakehouse.cli; "
-            "import lakehouse_assets.cli, lakehouse.spark as s; print(s._EARLY)")
+            "import lakehouse_assets.cli, lakehouse.runtime.spark as s; print(s._EARLY)")
     env = {**os.environ, "LAKEHOUSE_HOME": str(tmp_path)}
     for argv0 in (str(Path(sys.executable).with_name("lakehouse")), "x"):
         out = subprocess.run([sys.executable, "-c", code, argv0], env=env, cwd=REPO, capture_output=True, text=True,
@@ -186,7 +186,7 @@ def _run_watching_spark(env: dict[str, str], cwd: Path, *args: str) -> tuple[int
     import threading
     import time
 
-    from lakehouse import procstat
+    from lakehouse.runtime import procstat
     from tests.fixtures.dagster_dev import VENV_BIN
 
     proc = subprocess.Popen([str(VENV_BIN / "lakehouse"), *args], env=env, cwd=cwd, stdout=subprocess.PIPE,

@@ -1,5 +1,5 @@
 """`lakehouse run` starts the JVM on a thread of its own (Platform.warm_spark); the step that asks for
-the session before it is up would only wait. `lakehouse.spark.while_starting` gives that step work
+the session before it is up would only wait. `lakehouse.runtime.spark.while_starting` gives that step work
 that needs no JVM (imports the run needs anyway) to do first, and the file sources probe their
 files before asking for the session. No JVM here: the starting thread is played by holding the lock."""
 
@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from lakehouse import spark as sparkmod
+from lakehouse.runtime import spark as sparkmod
 from lakehouse.settings import load_settings
 
 

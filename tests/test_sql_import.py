@@ -16,7 +16,7 @@ import yaml
 from lakehouse.lineage.columns import column_lineage
 from lakehouse.lineage.sql_import import SqlImportError, import_sql
 from lakehouse.metadata.loader import load_metadata
-from lakehouse.sqlparse import SqlParseError, tables_in_sql
+from lakehouse.sql.parse import SqlParseError, tables_in_sql
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "metadata" / "demo"
@@ -92,7 +92,7 @@ def lakehouse_cli(*argv: str, env=None) -> subprocess.CompletedProcess:
 def test_sql_import_applies_and_materializes(platform, tmp_path, monkeypatch):
     import os
 
-    from lakehouse.demo import generate_user_events
+    from lakehouse.cli.demo import generate_user_events
     from tests.test_pipeline_e2e import pyiceberg_catalog, run_pipeline
 
     settings = platform.settings

@@ -5,10 +5,10 @@ import sqlite3
 
 import pyarrow as pa
 
-from lakehouse.catalog import pyiceberg_catalog
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.settings import load_settings
-from lakehouse.sqlite_files import sqlite_path
+from lakehouse.table.catalog import pyiceberg_catalog
+from lakehouse.table.sqlite_files import sqlite_path
 
 
 def test_sqlite_path_only_for_sqlite_urls(tmp_path):

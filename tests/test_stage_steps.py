@@ -13,7 +13,7 @@ import inspect
 import dagster as dg
 import pytest
 
-from lakehouse.dagster_runs import stage_node
+from lakehouse.orchestration.runs import stage_node
 from tests.test_asset_graph_snapshot import demo_defs, demo_platform  # noqa: F401 - fixtures
 
 

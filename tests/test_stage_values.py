@@ -254,7 +254,7 @@ def test_dates_and_decimals_in_a_plan_keep_their_type_through_json():
 
 
 def test_the_runner_facade_publishes_a_stored_reference_too(lake, tmp_path):
-    from lakehouse.runner import StageRunner
+    from lakehouse.stage.runner import StageRunner
 
     apply(lake, tmp_path, pipeline("fa"))
     land(lake, "fa", "a.jsonl", [{"id": 1, "v": "a"}, {"id": 2, "v": "b"}])
@@ -270,7 +270,7 @@ def test_the_healing_state_round_trips_every_field():
     import dataclasses
     from collections import Counter
 
-    from lakehouse.core import HealingState
+    from lakehouse.stage.core import HealingState
     from lakehouse.stage.values import healing_from_dict, healing_to_dict
 
     state = HealingState(batch_scale=0.5, quarantined_files={"a.json": "bad page"},

@@ -11,9 +11,9 @@ import pytest
 from lakehouse import errors
 from lakehouse.control.deadline import DEFAULT_CEILING_S, FLOOR_S, derive, past_durations
 from lakehouse.errors import classify
-from lakehouse.fileperms import configured_umask, hadoop_umask
 from lakehouse.metadata.store import MetadataStore
-from lakehouse.sqlite_files import prepare_sqlite
+from lakehouse.runtime.fileperms import configured_umask, hadoop_umask
+from lakehouse.table.sqlite_files import prepare_sqlite
 from tests.fixtures.py4j_like import java_error
 
 
@@ -91,9 +91,9 @@ def test_steps_with_no_spark_work_start_no_jvm_for_their_deadline(settings, tmp_
     """A files stage with nothing new runs its extract and load under their deadlines without a
     SparkSession: the deadline binds to the session only when the step's work asks for one (this
     fast-lane test fails by name if a JVM starts)."""
-    from lakehouse import spark as spark_mod
     from lakehouse.metadata.loader import load_metadata
-    from lakehouse.runner import Platform, StageRunner
+    from lakehouse.runtime import spark as spark_mod
+    from lakehouse.stage.runner import Platform, StageRunner
 
     meta = tmp_path / "meta.yaml"
     meta.write_text("""

@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from lakehouse.metadata.model import PlatformSetting
-from lakehouse.runner import Platform
+from lakehouse.stage.runner import Platform
 from lakehouse.throughput.ratelimit import Bucket, StageThrottle, TokenBuckets, buckets, buckets_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -124,7 +124,7 @@ def test_stage_load_is_paced_per_batch(platform, tmp_path):
     """Real Spark + Iceberg: 6 one-file batches of 50 rows under 300 records/min (5/s)."""
     from pyiceberg.catalog.sql import SqlCatalog
 
-    from lakehouse.runner import StageRunner
+    from lakehouse.stage.runner import StageRunner
     from tests.test_pools import write_rows
 
     settings = platform.settings

@@ -9,9 +9,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from lakehouse.dashboard import compute_overview, render_markdown
-from lakehouse.demo import generate_user_events
+from lakehouse.cli.demo import generate_user_events
 from lakehouse.metadata.loader import load_metadata
+from lakehouse.ops.dashboard import compute_overview, render_markdown
 from lakehouse_assets.dashboard import DASHBOARD_KEY, dashboard_refresh_sensor, data_quality_dashboard
 from lakehouse_assets.definitions import build_definitions, pipeline_job
 from resources import LakehouseResource

@@ -32,7 +32,7 @@ from lakehouse.metadata.loader import load_metadata
 from lakehouse.metadata.model import HealingAction
 from lakehouse.metadata.store import MetadataStore
 from lakehouse.platform import Platform
-from lakehouse.runner import StageRunner
+from lakehouse.stage.runner import StageRunner
 
 META = """
 pipelines:
@@ -163,7 +163,7 @@ def test_every_unreadable_file_error_is_corrupt_input_and_the_healing_rule_match
 
 
 def test_bisection_finds_every_failing_file_and_reads_a_lone_one_once():
-    from lakehouse.core import FileRef
+    from lakehouse.stage.core import FileRef
 
     files = [FileRef(f"f{i}", 1, "e") for i in range(16)]
     bad = {"f3", "f11"}
@@ -421,7 +421,7 @@ def test_spark_a_flickering_file_never_fails_the_run(platform, tmp_path, unique_
 
 
 def test_the_run_summary_shows_quarantined_and_deferred_files_and_where_to_read_why():
-    from lakehouse.run_summary import RunSummary, StageReport
+    from lakehouse.stage.run_summary import RunSummary, StageReport
 
     s = StageReport("bronze/events", "p.ingest", materialized=True, rows_written=3, files_quarantined=2,
                     files_deferred=1)
@@ -460,7 +460,7 @@ def test_spark_is_told_to_read_zst_with_a_codec_its_own_jars_hold(settings):
 
     import pyspark
 
-    from lakehouse.spark import ZSTD_CODEC, spark_conf
+    from lakehouse.runtime.spark import ZSTD_CODEC, spark_conf
 
     assert spark_conf(settings)["spark.hadoop.io.compression.codecs"] == ZSTD_CODEC
     entry = ZSTD_CODEC.replace(".", "/") + ".class"

@@ -46,7 +46,7 @@ def test_hostile_rules_and_identifiers_do_not_inject(platform, tmp_path):
 
     from lakehouse.metadata.loader import MetadataError
     from lakehouse.metadata.model import ValidationRuleSet
-    from lakehouse.runner import StageRunner
+    from lakehouse.stage.runner import StageRunner
 
     # `metadata apply` refuses the rules that are not one boolean expression, before anything runs
     with pytest.raises(MetadataError) as exc:
@@ -63,7 +63,7 @@ def test_hostile_rules_and_identifiers_do_not_inject(platform, tmp_path):
     schema = ORDER_SCHEMA.append(pa.field(WEIRD, pa.string()))
     land(platform, "orders", "b1", [{**order(1), WEIRD: "x"}, {**order(2), WEIRD: None}, {**order(3), WEIRD: "y"}],
          schema)
-    # a Dagster run checks its stages first and stops before writing anything (lakehouse.preflight)
+    # a Dagster run checks its stages first and stops before writing anything (lakehouse.runtime.preflight)
     res = run(platform)
     assert not res.success and not materialized(res)
     assert not pyiceberg(platform).table_exists("bronze.orders")

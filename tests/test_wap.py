@@ -8,7 +8,7 @@ import time
 
 from lakehouse.engines import audited
 from lakehouse.engines.spark.write import SparkAuditedWrite as AuditedWrite
-from lakehouse.runner import Batch, StageRunner
+from lakehouse.stage.runner import Batch, StageRunner
 from tests.test_wap_helpers import apply, checks, land, main_snapshot, order, pyiceberg, rows_of, run
 
 RULES = """
@@ -108,7 +108,7 @@ def test_two_concurrent_runs_both_publish_without_losing_rows(platform, tmp_path
     table = pyiceberg(platform).load_table("bronze.orders")
     assert set(table.metadata.refs) == {"main"}  # both audit branches published and dropped
     # one run fast-forwarded, the other was rebased on top of it: its data files appended to main
-    # in one compare-and-swap commit (lakehouse.publish), the branch's own commits removed
+    # in one compare-and-swap commit (lakehouse.table.publish), the branch's own commits removed
     main_lineage = []
     snap = table.current_snapshot()
     while snap is not None:

@@ -61,7 +61,7 @@ def test_quarantine_counts_ride_on_the_writes_and_equal_a_recount(platform, tmp_
     drop rule (its rows are in neither write) keeps the counting pass. Both give the recount."""
     from pyspark.sql import functions as F
 
-    from lakehouse.runner import Batch, StageRunner
+    from lakehouse.stage.runner import Batch, StageRunner
     from lakehouse.validation import rules as rules_mod
     from lakehouse.validation.quarantine import quarantine_identifier
 
@@ -108,7 +108,7 @@ def test_quarantine_counts_ride_on_the_writes_and_equal_a_recount(platform, tmp_
 def test_a_whole_table_overwrite_observes_its_row_rules_on_the_write(platform, tmp_path, unique_ns):
     """An overwrite target: every batch replaces the table, so the last batch's observed counts are
     the audit's counts (those of earlier batches are gone with their rows); no pass after the write."""
-    from lakehouse.runner import Batch, StageRunner
+    from lakehouse.stage.runner import Batch, StageRunner
 
     _apply(platform, tmp_path, unique_ns, """
     - {name: has_rows, type: row_count, min: 1, severity: error}
@@ -133,8 +133,8 @@ def test_a_whole_table_overwrite_observes_its_row_rules_on_the_write(platform, t
 
 
 def test_a_failing_blocking_rule_observed_on_an_overwrite_still_blocks_publish(platform, tmp_path, unique_ns):
-    from lakehouse.core import AuditFailed
-    from lakehouse.runner import Batch, StageRunner
+    from lakehouse.stage.core import AuditFailed
+    from lakehouse.stage.runner import Batch, StageRunner
 
     _apply(platform, tmp_path, unique_ns, """
     - {name: kind_known, type: accepted_values, column: kind, values: [a, b], severity: error}
@@ -160,8 +160,8 @@ def test_a_table_with_a_write_order_counts_each_failing_row_once(platform, tmp_p
     """A write order makes Iceberg ask Spark for a range distribution, whose sampling job runs the
     plan a second time: counts observed on such a write came out doubled (the demo's silver stage
     reported 6 failing rows for 3). Such a write is not observed; the audit counts on the branch."""
-    from lakehouse.core import AuditFailed
-    from lakehouse.runner import Batch, StageRunner
+    from lakehouse.stage.core import AuditFailed
+    from lakehouse.stage.runner import Batch, StageRunner
 
     _apply(platform, tmp_path, unique_ns, """
     - {name: kind_known, type: accepted_values, column: kind, values: [a, b], severity: error}

@@ -21,7 +21,7 @@ Everything else uses `dagster`'s public names only. Two needs remain, both here 
              base_dir: {env: DAGSTER_HOME}
 
 2. Submitting a run of a code location's job to the instance's run queue from a long-lived process
-   with a run id of the caller's choice (`workspace_context`, `create_run`; lakehouse/service/runs.py).
+   with a run id of the caller's choice (`workspace_context`, `create_run`; lakehouse/orchestration/gateway.py).
    Dagster's public clients for that are the GraphQL API (a running webserver) and `dagster job
    launch` (a process, and a code-server start, per run); the in-process path is what `dagster job
    launch` does internally.

@@ -1,4 +1,4 @@
-"""What the exactly-once publish (lakehouse.publish) needs from PyIceberg's transactions beyond its
+"""What the exactly-once publish (lakehouse.table.publish) needs from PyIceberg's transactions beyond its
 documented API: public calls only, but each relies on a behaviour PyIceberg does not promise, so
 each is written for the versions in `WRITTEN_FOR` and checked by tests/test_compat_pyiceberg.py
 (which fails on a PyIceberg outside them).

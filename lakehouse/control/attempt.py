@@ -9,9 +9,9 @@ returns a `RetryRequested` or None). Heals and retries draw from the step's one 
 once the budget is spent, and the retry policy counts the heals of this and earlier executions.
 
 Nothing else in a stage loops over its attempts: the steps of lakehouse.stage.steps run their
-work through here (the publish inside the load step too, lakehouse.wap_service, without a deadline
+work through here (the publish inside the load step too, lakehouse.stage.wap_service, without a deadline
 or a retry policy of its own: the load step's are around it). The in-place policies of
-lakehouse.retry repeat one call inside one attempt and are not step attempts.
+lakehouse.runtime.retry repeat one call inside one attempt and are not step attempts.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from lakehouse.control.deadline import guard_step
 from lakehouse.control.healing import run_with_healing
-from lakehouse.core import AuditFailed, StageContext, StageDisabled
+from lakehouse.stage.core import AuditFailed, StageContext, StageDisabled
 
 T = TypeVar("T")
 

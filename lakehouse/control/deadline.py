@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, TypeVar
 import sqlalchemy as sa
 
 from lakehouse.errors import StepTimeout
-from lakehouse.spark import active_session, when_started
+from lakehouse.runtime.spark import active_session, when_started
 
 if TYPE_CHECKING:
-    from lakehouse.core import StageContext
     from lakehouse.metadata.store import MetadataStore
+    from lakehouse.stage.core import StageContext
 
 T = TypeVar("T")
 
@@ -94,7 +94,7 @@ def spark_deadline(spark, deadline: Deadline, what: str) -> Iterator[None]:
     """Run the body's Spark jobs in a job group that a watchdog cancels when the deadline passes.
 
     `spark` is the session, or None when none is up yet: the group is then set when the body
-    first gets one (`lakehouse.spark.when_started`), so a step without Spark work — an extract that
+    first gets one (`lakehouse.runtime.spark.when_started`), so a step without Spark work — an extract that
     lists files, a load with nothing new — neither starts the JVM nor waits for the one warming up."""
 
     group = f"lakehouse-{uuid.uuid4().hex[:16]}"

@@ -28,13 +28,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from lakehouse import spark as spark_mod
 from lakehouse.control.retry import attempts_used, op_of, step_budget
-from lakehouse.core import HealingState, NoRecoveryPath, StageContext
 from lakehouse.errors import ErrorInfo, classify
 from lakehouse.ingest.files import gone_or_changed, note_deferred_files
 from lakehouse.metadata.model import HealingAction
+from lakehouse.runtime import spark as spark_mod
 from lakehouse.settings import RunSettings, current
+from lakehouse.stage.core import HealingState, NoRecoveryPath, StageContext
 
 T = TypeVar("T")
 

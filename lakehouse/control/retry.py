@@ -10,7 +10,7 @@ same execution (lakehouse.control.healing) and a Dagster retry (a new execution)
 count (`StepBudget`), kept where the operator reads it, in audit_log (`attempts_used`: one row per
 heal, `step_failed`/`healing`, and per retry requested, `retry`/`retry_requested`). Without a
 retry policy the step is never retried by Dagster and healing's own cap (`healing.max_attempts`)
-is the budget. The in-place policies of lakehouse.retry repeat one call inside one attempt and
+is the budget. The in-place policies of lakehouse.runtime.retry repeat one call inside one attempt and
 are not step attempts (docs/errors.md gives the bound of each).
 """
 
@@ -150,7 +150,7 @@ def retry_exception(platform, pipeline_id: str, stage_name: str, run_id: str, re
                                       "reason": d.reason})
     if not d.retry:
         if step == "extract" and _source_unreachable(exc, info.code):
-            from lakehouse import alerts
+            from lakehouse.ops import alerts
 
             alerts.source_unavailable(platform.store, pipeline_id=pipeline_id, stage_name=stage_name, run_id=run_id,
                                       error=exc, retries=retry_number, reason=d.reason)

@@ -1,4 +1,4 @@
-"""The write engines behind the one write-audit-publish service (lakehouse.wap_service): Spark
+"""The write engines behind the one write-audit-publish service (lakehouse.stage.wap_service): Spark
 (`lakehouse.engines.spark`) and PyIceberg + Arrow without a JVM (`lakehouse.engines.arrow`), each a
 package of its own that never imports the other (an import-linter contract), and the choice
 between them (`lakehouse.engines.choice`).
@@ -41,19 +41,19 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from lakehouse.core import Batch, ExtractPlan, StageContext
     from lakehouse.engines.audited import BranchWrite
     from lakehouse.engines.choice import EngineChoice
-    from lakehouse.iceberg import CatalogTables
     from lakehouse.metadata.model import Rule
     from lakehouse.platform import Platform
+    from lakehouse.stage.core import Batch, ExtractPlan, StageContext
+    from lakehouse.table.iceberg import CatalogTables
     from lakehouse.validation.rules import CheckOutcome
 
 
 @runtime_checkable
 class Engine(Protocol):
     """One write engine (see the module docstring). `Frame` below is the engine's own frame type:
-    `pyspark.sql.DataFrame` on Spark, `pyarrow.Table` on Arrow (`lakehouse.core.Frame`)."""
+    `pyspark.sql.DataFrame` on Spark, `pyarrow.Table` on Arrow (`lakehouse.stage.core.Frame`)."""
 
     name: str
 

@@ -10,7 +10,7 @@ the rows this run added): `lakehouse.engines.spark.write.SparkAuditedWrite` on S
 `lakehouse.engines.arrow.write.ArrowAuditedWrite` on Arrow tables. `QuarantineBranch` is the same
 split for the quarantine table's branch.
 
-Everything here speaks PyIceberg metadata through the tables handle (`lakehouse.iceberg`), never a
+Everything here speaks PyIceberg metadata through the tables handle (`lakehouse.table.iceberg`), never a
 frame: no Spark or Arrow import.
 """
 
@@ -19,13 +19,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lakehouse.iceberg import MAIN, CatalogTables, WriteResult, retry_metadata_commit
 from lakehouse.ingest.files import CHECKPOINT_PROPERTY
+from lakehouse.table.iceberg import MAIN, CatalogTables, WriteResult, retry_metadata_commit
 from lakehouse.validation.quarantine import quarantine_target
 from lakehouse.validation.rules import ActionCounts, CheckOutcome, SchemaDrift, acting_rules
 
 if TYPE_CHECKING:
-    from lakehouse.core import Batch, StageContext
+    from lakehouse.stage.core import Batch, StageContext
 
 
 class QuarantineBranch:
@@ -79,7 +79,7 @@ class QuarantineBranch:
 
 def publish_quarantine(tables: CatalogTables, ident: str, branch: str, *, since: int | None, run_id: str) -> None:
     """A run's quarantine branch onto the quarantine table's main (after the data's publish)."""
-    from lakehouse.publish import publish_branch
+    from lakehouse.table.publish import publish_branch
 
     res = publish_branch(tables, ident, branch, since=since, run_id=run_id)
     if not res.published:
@@ -157,8 +157,8 @@ class BranchWrite:
     def _table_properties(self) -> dict[str, str]:
         """What the platform adds to the target's table properties: an incremental merge stage's
         keys get Parquet bloom filters, so finding the rows of a change set's keys skips the row
-        groups without them whatever the table's size (lakehouse.pruning)."""
-        from lakehouse.pruning import bloom_filter_properties
+        groups without them whatever the table's size (lakehouse.stage.pruning)."""
+        from lakehouse.stage.pruning import bloom_filter_properties
 
         inc = getattr(getattr(self.runner, "stage", None), "incremental", None)
         return bloom_filter_properties(inc.merge_keys) if inc is not None and inc.mode == "merge" else {}
@@ -195,10 +195,10 @@ class BranchWrite:
                 "quarantine": (q.ident, q.fork) if q is not None and q.created else None}
 
     def publish(self):
-        """Publish the data branch exactly once (lakehouse.publish), then the quarantine branch,
+        """Publish the data branch exactly once (lakehouse.table.publish), then the quarantine branch,
         both under the target's publish lock; each commit drops its branch. Returns the data's
         PublishResult: not published when the input (or part of it) is already on main. A
-        crash between the two commits is completed by the next run (lakehouse.branches)."""
+        crash between the two commits is completed by the next run (lakehouse.table.branches)."""
         return publish_branches(self.runner.platform, self.tables, self.ident, self.branch, **self.publish_args(),
                                 ctx=self.runner)
 
@@ -209,10 +209,10 @@ def publish_branches(platform, tables: CatalogTables, ident: str, branch: str, *
     quarantined rows: `quarantine` = (quarantine table, its main at the fork)) the quarantine
     branch, both under the target's publish lock. `ctx` (the stage's context) names the stage to the
     test hooks' `<point>@<stage>`."""
-    from lakehouse import coordination
     from lakehouse.control import faults
     from lakehouse.ingest.jdbc import watermark_order
-    from lakehouse.publish import publish_branch
+    from lakehouse.runtime import coordination
+    from lakehouse.table.publish import publish_branch
 
     faults.inject("before_publish", ctx)
     with coordination.publish_lock(platform, ident):

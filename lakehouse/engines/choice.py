@@ -8,7 +8,7 @@ can do (`arrow_blockers`) and its planned input is at most `arrow_max_bytes` (th
 the setting `engine.arrow_max_bytes`, else `DEFAULT_ARROW_MAX_BYTES`, chosen from
 bench/bench_small_batches.py). The choice and its reason go to the audit log and the run's
 materialization metadata. Both engines honour one write-audit-publish contract
-(lakehouse.wap_service), so they can write the same table turn and turn about.
+(lakehouse.stage.wap_service), so they can write the same table turn and turn about.
 
 Plain data and rules only: the engines themselves are `lakehouse.engines.spark.SparkEngine` and
 `lakehouse.engines.arrow.ArrowEngine` (`lakehouse.engines.engine_for`), imported only when chosen.
@@ -20,13 +20,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lakehouse.core import SQL
 from lakehouse.metadata.engine_support import ARROW_SOURCES, arrow_blockers, duckdb_sql_stage, entity_raw_blockers
 from lakehouse.metadata.model import ENGINES, Target
+from lakehouse.stage.core import SQL
 
 if TYPE_CHECKING:
-    from lakehouse.core import ExtractPlan, StageContext
     from lakehouse.metadata.model import Application, MetadataCatalog, Rule, Stage
+    from lakehouse.stage.core import ExtractPlan, StageContext
 
 #: the engine of a target when neither it nor the platform setting `engine.default` names one.
 #: Spark for now: `auto` as the built-in default would move every existing file load (and the

@@ -3,7 +3,7 @@ data page behind an intact footer, a codec the engine lacks, a file deleted or r
 the run), find the failing files, set them aside, and write the rest of the batch.
 
 One implementation for both engines. An engine hands over the batch's files and a
-`lakehouse.core.FileReader` (how it reads some of them: `frame` and `check`); this module
+`lakehouse.stage.core.FileReader` (how it reads some of them: `frame` and `check`); this module
 
 1. leaves for the next run every file that vanished or changed since the plan (nothing recorded
    for it, so the next run plans what is there then; audit event `file_deferred`);
@@ -36,7 +36,7 @@ from lakehouse.errors import CORRUPT_INPUT, UNKNOWN, classify
 from lakehouse.ingest.files import CHECKPOINT_PROPERTY, QUARANTINED, gone_or_changed, note_deferred_files
 
 if TYPE_CHECKING:
-    from lakehouse.core import Batch, FileReader, FileRef, StageContext
+    from lakehouse.stage.core import Batch, FileReader, FileRef, StageContext
 
 T = TypeVar("T")
 

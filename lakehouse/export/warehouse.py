@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import DataType
 
-    from lakehouse.core import StageContext, StageOutcome
     from lakehouse.metadata.model import Target
+    from lakehouse.stage.core import StageContext, StageOutcome
 
 log = logging.getLogger(__name__)
 
@@ -273,7 +273,7 @@ def _drop_quietly(pg, name) -> None:
 
 def export_after_publish(runner: StageContext, outcome: StageOutcome) -> ExportResult:
     """Export the snapshot just published on main to the stage target's warehouse target."""
-    from lakehouse.iceberg import quote
+    from lakehouse.table.iceberg import quote
 
     wh = runner.catalog.target(runner.target.export_target_id)
     if wh.kind != "warehouse":

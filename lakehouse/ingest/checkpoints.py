@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from lakehouse.control import faults
-from lakehouse.iceberg import MAIN, IcebergTables, sql_string
 from lakehouse.ingest.files import (
     CHECKPOINT_PROPERTY,
     PROCESSED,
@@ -35,14 +34,15 @@ from lakehouse.ingest.files import (
     note_deferred_files,
 )
 from lakehouse.metadata.schema import checkpoint_marks, file_checkpoints
+from lakehouse.table.iceberg import MAIN, IcebergTables, sql_string
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from lakehouse.core import StageContext, StageOutcome
     from lakehouse.ingest.prepare import PreparedFiles
     from lakehouse.metadata.model import Source
     from lakehouse.platform import Platform
+    from lakehouse.stage.core import StageContext, StageOutcome
 
 log = logging.getLogger(__name__)
 RUN_ID_PROPERTY = "lakehouse.run_id"
@@ -297,7 +297,7 @@ def spark_frame(spark: SparkSession, source: Source, good: list[FileRef], prepar
 
     df = prepared.read(spark, good, each=with_source_file)
     if source.promote_fields:  # promoted columns came after them: keep the table's column order
-        from lakehouse.sql_text import quote
+        from lakehouse.sql.text import quote
 
         df = df.select(*[F.col(quote(c)) for c in df.columns if c not in added], *[F.col(quote(c)) for c in added])
     if not source.lineage_columns:

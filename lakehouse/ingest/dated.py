@@ -20,8 +20,8 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from lakehouse.core import FileRef
     from lakehouse.metadata.model import Source
+    from lakehouse.stage.core import FileRef
 
 DATE_TAG = "lakehouse/ingest_date"
 PATH_COLUMN_TYPES = ("int", "bigint", "string", "date")

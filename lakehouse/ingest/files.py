@@ -10,14 +10,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lakehouse.core import EMPTY, PROCESSED, QUARANTINED, FileRef  # noqa: F401 - the names ingest has always had
 from lakehouse.ingest.paths import PathEscape, walk_files
 from lakehouse.metadata.model import Source
+from lakehouse.stage.core import EMPTY, PROCESSED, QUARANTINED, FileRef  # noqa: F401 - the names ingest has always had
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from lakehouse.core import StageContext
+    from lakehouse.stage.core import StageContext
 
 CHECKPOINT_PROPERTY = "lakehouse.files"
 

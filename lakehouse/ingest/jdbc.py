@@ -27,14 +27,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lakehouse.control import faults
-from lakehouse.core import Batch
 from lakehouse.settings import named_secret
+from lakehouse.stage.core import Batch
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from lakehouse.core import ExtractPlan, StageContext, StageOutcome
     from lakehouse.metadata.model import Source
+    from lakehouse.stage.core import ExtractPlan, StageContext, StageOutcome
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +299,7 @@ def remainder(plan: ExtractPlan, overlap) -> ExtractPlan | None:
 
 def last_watermark(runner: StageContext) -> Any:
     """The watermark committed with main's newest snapshot that carries one (None: first load)."""
-    from lakehouse.iceberg import MAIN, sql_string
+    from lakehouse.table.iceberg import MAIN, sql_string
 
     tables = runner.platform.tables()
     ident = runner.target.identifier
@@ -627,9 +627,9 @@ def plan(runner: StageContext, src: Source, plan: ExtractPlan) -> None:
 
 
 def claim_window(runner: StageContext, src: Source, details: dict[str, Any]) -> str | None:
-    """Claim "the rows after the committed watermark" for this run (lakehouse.coordination);
+    """Claim "the rows after the committed watermark" for this run (lakehouse.runtime.coordination);
     the reason to skip when a live run is already reading them, else None."""
-    from lakehouse import coordination
+    from lakehouse.runtime import coordination
 
     if not coordination.claims_enabled(runner.catalog):
         return None
@@ -658,7 +658,7 @@ def batches(runner: StageContext, plan: ExtractPlan):
     if plan.details.get("remainder_after"):  # another run published the rows up to this watermark
         from pyspark.sql import functions as F
 
-        from lakehouse.iceberg import quote
+        from lakehouse.table.iceberg import quote
 
         df = df.where(F.col(quote(src.watermark_column)) > F.lit(decode_watermark(plan.details["remainder_after"])))
     faults.inject("after_jdbc_read", runner, source_id=src.source_id, df=df)

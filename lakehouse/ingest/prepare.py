@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from lakehouse.errors import SCHEMA_DRIFT, PlatformError
-from lakehouse.iceberg import ddl_type, quote, retry_metadata_commit
 from lakehouse.ingest.files import EMPTY, PROCESSED, QUARANTINED, FileRef, gone_or_changed, note_deferred_files
 from lakehouse.ingest.probe import FileProbe, probe_file
 from lakehouse.ingest.reconcile import FAIL, QUARANTINE, Decision, compare, merge, reconcile_files, vote
 from lakehouse.metadata.spark_types import parse_ddl_type as _parse_ddl_type
+from lakehouse.table.iceberg import ddl_type, quote, retry_metadata_commit
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import DataType, StructType
 
-    from lakehouse.core import StageContext
     from lakehouse.metadata.model import Source
+    from lakehouse.stage.core import StageContext
 
 log = logging.getLogger(__name__)
 LINEAGE_COLUMNS = ("_source_file", "_ingested_at")

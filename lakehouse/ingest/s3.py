@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from lakehouse.control import faults
-from lakehouse.coordination import claim_new_files, keep_claims
 from lakehouse.ingest import dated
 from lakehouse.ingest.arrivals import (  # noqa: F401 - requested_files: the arrival batch a run reads
     ArrivalDecision,
@@ -42,11 +41,12 @@ from lakehouse.ingest.checkpoints import Checkpoints, engine_for
 from lakehouse.ingest.files import QUARANTINED, FileRef, select_for_run
 from lakehouse.ingest.paths import key_problem
 from lakehouse.metadata.schema import ingest_cursors
+from lakehouse.runtime.coordination import claim_new_files, keep_claims
 
 if TYPE_CHECKING:
-    from lakehouse.core import ExtractPlan, StageContext, StageOutcome
     from lakehouse.metadata.model import Source
     from lakehouse.platform import Platform
+    from lakehouse.stage.core import ExtractPlan, StageContext, StageOutcome
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ DEFAULT_RECONCILE_SECONDS = 3600.0
 
 
 def client_for(platform: Platform, source: Source, **kw: Any):
-    """The platform's S3 client for this source (lakehouse.s3access: dagster-aws's S3Resource,
+    """The platform's S3 client for this source (lakehouse.runtime.s3access: dagster-aws's S3Resource,
     one client per endpoint shared by threads)."""
     return platform.s3.for_source(source, **kw)
 
@@ -261,7 +261,7 @@ def download(clients, source: Source, files: list[FileRef], dest: Path, threads:
              ) -> tuple[list[FileRef], list[tuple[FileRef, str]]]:
     """Fetch objects in parallel (ThreadPoolExecutor) into `dest`, pinned to the listed ETag.
 
-    `clients`: one client or several (lakehouse.s3access.S3Clients.for_threads); worker i uses
+    `clients`: one client or several (lakehouse.runtime.s3access.S3Clients.for_threads); worker i uses
     client i % len, so no client's connection pool serves more threads than it holds.
 
     An object rewritten or deleted since it was listed is skipped (its new version is picked up

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from lakehouse.settings import DataHubSettings, current
 
 if TYPE_CHECKING:
-    from lakehouse.core import ExtractPlan, StageContext, StageOutcome
+    from lakehouse.stage.core import ExtractPlan, StageContext, StageOutcome
 
 log = logging.getLogger(__name__)
 ENV = "LAKEHOUSE_DATAHUB_BACKGROUND"
@@ -48,7 +48,7 @@ def in_background() -> Iterator[None]:
     _state["enabled"] = hasattr(os, "fork") and hooks.datahub_background
     withdraw = None
     if _state["enabled"] and hooks.datahub:
-        from lakehouse.spark import while_starting
+        from lakehouse.runtime.spark import while_starting
 
         # every child would import acryl-datahub again (~1 s of CPU each, the last one after the
         # run's last Spark job): the parent imports it once, while its first step waits for the JVM
@@ -77,7 +77,7 @@ def emit_stage_run(runner: StageContext, plan: ExtractPlan | None, outcome: Stag
     # `lakehouse run` starts it before its imports): every child inherits it instead of importing
     # it again (~0.7 s each). A run without a session (the Arrow engine, usually one stage) leaves
     # it to its child, beside the run (tests/test_small_run_imports.py)
-    from lakehouse.spark import active_session
+    from lakehouse.runtime.spark import active_session
 
     if active_session() is not None:
         _import_emitter()
@@ -168,7 +168,7 @@ def _detach_connections(runner: StageContext) -> None:
     """A forked child must not use the parent's database connections (SQLite and PostgreSQL both
     forbid sharing one across fork): each engine the emission may use gets a fresh pool, and the
     parent's connections are left to the parent (SQLAlchemy's `dispose(close=False)`)."""
-    from lakehouse import catalog
+    from lakehouse.table import catalog
 
     catalog._LOCK = threading.Lock()  # in case another thread of the parent held it at the fork
     engines = [c.engine for c in list(catalog._CACHE.values()) if getattr(c, "engine", None) is not None]

@@ -13,7 +13,7 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 from sqlglot.lineage import lineage as sqlglot_lineage
 
-from lakehouse.sqlparse import DIALECT, SqlParseError, parse_one, table_name
+from lakehouse.sql.parse import DIALECT, SqlParseError, parse_one, table_name
 
 
 @dataclass

@@ -37,8 +37,8 @@ from lakehouse.sources import adapter_for
 from lakehouse.sources.jdbc import jdbc_platform
 
 if TYPE_CHECKING:
-    from lakehouse.core import ExtractPlan, StageContext, StageOutcome
     from lakehouse.platform import Platform
+    from lakehouse.stage.core import ExtractPlan, StageContext, StageOutcome
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ def stage_upstreams(catalog: MetadataCatalog, stage: Stage, derived: StageDeriva
         if derived is not None:
             idents = derived.upstream_tables
         else:
-            from lakehouse.sqlparse import tables_in_sql
+            from lakehouse.sql.parse import tables_in_sql
 
             idents = tables_in_sql(stage.transformation)
         for ident in idents:
@@ -60,7 +60,7 @@ def stage_column_lineage(catalog: MetadataCatalog, stage: Stage,
     if not stage.transformation:
         return {}
     from lakehouse.lineage.columns import ColumnLineage, column_lineage
-    from lakehouse.sqlparse import SqlParseError
+    from lakehouse.sql.parse import SqlParseError
 
     if derived is not None:
         per_table = ColumnLineage({c: [(t, s) for t, s in pairs] for c, pairs in derived.column_lineage.items()}

@@ -10,7 +10,6 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lakehouse.core import NoRecoveryPath, StageContext, resolve_source
 from lakehouse.errors import SourceUnavailable
 from lakehouse.lineage.graph import (
     Route,
@@ -26,6 +25,7 @@ from lakehouse.metadata.model import MetadataCatalog, Source
 from lakehouse.sources import adapter_for
 from lakehouse.sources.iceberg import probe_table
 from lakehouse.sources.jdbc import probe_jdbc
+from lakehouse.stage.core import NoRecoveryPath, StageContext, resolve_source
 
 if TYPE_CHECKING:
     from collections.abc import Callable

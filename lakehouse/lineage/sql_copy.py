@@ -26,7 +26,7 @@ from sqlglot import exp
 
 from lakehouse.lineage.graph import STAGE_PREFIX
 from lakehouse.metadata.model import ColumnSpec, DatasetLineage, Source, Stage
-from lakehouse.sqlparse import table_name
+from lakehouse.sql.parse import table_name
 
 if TYPE_CHECKING:
     from lakehouse.metadata.model import MetadataCatalog

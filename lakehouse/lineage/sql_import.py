@@ -35,8 +35,8 @@ from lakehouse.metadata.model import (
     Stage,
     Target,
 )
-from lakehouse.sqlparse import DIALECT, SqlParseError, table_name
-from lakehouse.sqlparse import error_position as _position
+from lakehouse.sql.parse import DIALECT, SqlParseError, table_name
+from lakehouse.sql.parse import error_position as _position
 
 LAYER_RANK = {"entity_raw": 0, "bronze": 1, "silver": 2, "gold": 3}
 DEFAULT_PIPELINE = "sql_import"
@@ -267,7 +267,7 @@ class _State:
 
 def _import_select(st: _State, stmt: exp.Expression, where: str, i: int, dialect: str) -> None:
     """CREATE TABLE ... AS SELECT / INSERT INTO ... SELECT: a target, a SQL stage, lineage rows."""
-    from lakehouse.sqlparse import tables_in_sql
+    from lakehouse.sql.parse import tables_in_sql
 
     catalog, file_name = st.catalog, st.file_name
     target_table, query, write_mode, columns = _unpack(stmt, where)

@@ -9,7 +9,7 @@ Every check works on the metadata alone (plus, when given, the live schemas of e
   full load an overwrite, overwrite_partitions a partition spec).
 A problem names the file (the .sql file and line for SQL), the key path, and the fix in plain words.
 `metadata validate` / `apply` run these through `loader.check_references`; a run runs them again
-against the live catalog before its first write (`lakehouse.preflight`).
+against the live catalog before its first write (`lakehouse.runtime.preflight`).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def check_stages(catalog: MetadataCatalog, locate: Locate, sql_file: SqlFile, *,
             _out.append(Problem(w, msg, _sid))
 
         if stage.transformation:
-            from lakehouse.sqlparse import SqlParseError, shared_query  # sqlglot: only for stages with SQL
+            from lakehouse.sql.parse import SqlParseError, shared_query  # sqlglot: only for stages with SQL
 
             try:
                 shared_query(stage.transformation)
@@ -106,7 +106,7 @@ def check_stages(catalog: MetadataCatalog, locate: Locate, sql_file: SqlFile, *,
                        else f"the stage's SQL {exc}")
                 add(sql_location(locate, sql_file, stage, exc.line, exc.col), msg)
         if stage.sql_engine == "duckdb" and stage.transformation:
-            from lakehouse.sqlparse import duckdb_problem
+            from lakehouse.sql.parse import duckdb_problem
 
             problem = duckdb_problem(stage.transformation)
             if problem:
@@ -207,7 +207,7 @@ def _target_columns(tgt: Target, sc: StageColumns, locate: Locate, add) -> None:
 
 def _incremental_problems(catalog: MetadataCatalog, stage: Stage, tgt: Target | None, sc: StageColumns | None,
                           locate: Locate) -> list[tuple[str, str]]:
-    """An incremental stage (lakehouse.incremental) is a SQL stage over one table (or several, naming
+    """An incremental stage (lakehouse.stage.incremental) is a SQL stage over one table (or several, naming
     the one read incrementally), whose target a full
     recompute can overwrite, and whose keys / ordering / partition column are output columns."""
     inc = stage.incremental
@@ -401,7 +401,7 @@ def stages_to_check(after: MetadataCatalog, unchanged: Mapping[tuple[str, str], 
     (not in `unchanged`), every stage downstream of them (the columns it reads may have changed,
     breaking its SQL or its rules), and every stage whose referential rule looks up a table one of
     those writes. What the live tables hold is checked by each run before its first write
-    (lakehouse.preflight), not by a re-apply of unchanged stages."""
+    (lakehouse.runtime.preflight), not by a re-apply of unchanged stages."""
     import networkx as nx
 
     producer = {t.identifier.lower(): t.target_id for t in after.targets if t.kind == "iceberg"}

@@ -33,7 +33,7 @@ from lakehouse.metadata.model import MetadataCatalog, Rule, Stage
 
 LINEAGE_COLUMNS: dict[str, str] = {"_source_file": "string", "_ingested_at": "timestamp"}
 #: live schemas: table identifier (db.table, lower case) -> {column: Spark SQL type}; only `.get` is
-#: used, so a lazy reader of the catalog (lakehouse.catalog.LiveTables) works as well as a dict
+#: used, so a lazy reader of the catalog (lakehouse.table.catalog.LiveTables) works as well as a dict
 LiveSchemas = Mapping[str, Mapping[str, str | None]]
 
 
@@ -96,7 +96,7 @@ def stage_upstreams(catalog: MetadataCatalog, stage: Stage) -> list[str]:
     if stage.python_transformation is not None:
         return [i.lower() for i in stage.python_transformation.inputs]
     if stage.transformation:
-        from lakehouse.sqlparse import SqlParseError, shared_query, tables_in_tree  # sqlglot: SQL stages only
+        from lakehouse.sql.parse import SqlParseError, shared_query, tables_in_tree  # sqlglot: SQL stages only
 
         try:
             return tables_in_tree(shared_query(stage.transformation))
@@ -249,7 +249,7 @@ def sql_columns(target_id: str, sql: str, table) -> StageColumns:
     from sqlglot.optimizer.qualify import qualify
     from sqlglot.schema import MappingSchema
 
-    from lakehouse.sqlparse import DIALECT, SqlParseError, parse_query, tables_in_tree
+    from lakehouse.sql.parse import DIALECT, SqlParseError, parse_query, tables_in_tree
 
     try:
         tree = parse_query(sql)
@@ -395,7 +395,7 @@ def stage_column_lineage(stage: Stage) -> tuple[dict[str, list[list[str]]], str 
     if not stage.transformation:
         return {}, None
     from lakehouse.lineage.columns import column_lineage
-    from lakehouse.sqlparse import SqlParseError
+    from lakehouse.sql.parse import SqlParseError
 
     try:
         cl = column_lineage(stage.transformation)

@@ -207,7 +207,7 @@ def read_structure(store: MetadataStore, pipelines: Iterable[str] | None = None,
     default location reads everything (it also serves what is not per pipeline) and names its
     pipelines in `location_pipelines`, None when every pipeline is in it (the one location there is).
     """
-    from lakehouse.sqlite_files import sqlite_path
+    from lakehouse.table.sqlite_files import sqlite_path
 
     path = sqlite_path(store.url)
     if path is not None and not path.exists():

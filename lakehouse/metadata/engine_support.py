@@ -65,7 +65,7 @@ def rule_blockers(rules: list[Rule]) -> list[str]:
            f"{', '.join(sorted(ARROW_RULES))})"] if bad else []
     for r in rules:
         if r.enabled and r.type == "expression":  # evaluated in DuckDB: its Spark SQL must carry over
-            from lakehouse.sqlparse import expression_problem
+            from lakehouse.sql.parse import expression_problem
 
             problem = expression_problem(r.expression or "")
             if problem:

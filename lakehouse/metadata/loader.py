@@ -354,7 +354,7 @@ def check_references(loaded: LoadedMetadata, live=None, baseline=None) -> None:
     every row, reading the tables an unchanged stage reads from its stored derivation instead of
     parsing its SQL; the static checks cover the stages whose answer can have changed."""
     from lakehouse.metadata.checks import check_stages, stages_to_check, unchanged_reads
-    from lakehouse.sqlparse import SqlParseError, shared_query, tables_in_tree
+    from lakehouse.sql.parse import SqlParseError, shared_query, tables_in_tree
 
     c = loaded.catalog
     stored_reads = unchanged_reads(baseline, c) if baseline is not None else {}

@@ -73,7 +73,7 @@ def script_head() -> str | None:
 
 def current(engine: sa.Engine) -> str | None:
     """The revision the database is at (None: never migrated, or no database yet)."""
-    from lakehouse.sqlite_files import sqlite_path
+    from lakehouse.table.sqlite_files import sqlite_path
 
     path = sqlite_path(str(engine.url))
     if path is not None and not path.exists():  # looking must not create the file
@@ -84,7 +84,7 @@ def current(engine: sa.Engine) -> str | None:
 
 def _stamped(engine: sa.Engine) -> str | None:
     """`current`, read with one SELECT (no Alembic); None if there is no database or version yet."""
-    from lakehouse.sqlite_files import sqlite_path
+    from lakehouse.table.sqlite_files import sqlite_path
 
     path = sqlite_path(str(engine.url))
     if path is not None and not path.exists():
@@ -99,7 +99,7 @@ def _stamped(engine: sa.Engine) -> str | None:
 
 @contextlib.contextmanager
 def _lock(engine: sa.Engine) -> Iterator[None]:
-    from lakehouse.sqlite_files import sqlite_path
+    from lakehouse.table.sqlite_files import sqlite_path
 
     path = sqlite_path(str(engine.url))
     if engine.dialect.name == "sqlite":
@@ -140,7 +140,7 @@ def upgrade(engine: sa.Engine, revision: str = "head") -> None:
             return
         from alembic import command
 
-        from lakehouse.sqlite_files import prepare_sqlite
+        from lakehouse.table.sqlite_files import prepare_sqlite
 
         prepare_sqlite(str(engine.url))
         with _lock(engine), engine.begin() as conn:

@@ -120,7 +120,7 @@ class Pipeline(Entity):
 
 
 class Incremental(BaseModel):
-    """An incremental stage (lakehouse.incremental): each run reads only what its upstream table (the
+    """An incremental stage (lakehouse.stage.incremental): each run reads only what its upstream table (the
     one named by `upstream` when the SQL reads several) committed since the upstream snapshot it last consumed (recorded in the target's snapshot
     summary, in the same commit as the data), and writes by merge or by replacing the partitions
     that input touched; anything it cannot read incrementally falls back to a full recompute."""
@@ -488,7 +488,7 @@ class SortField(BaseModel):
 
 
 class Maintenance(BaseModel):
-    """Table maintenance of one target (lakehouse.maintenance); an unset field takes the platform
+    """Table maintenance of one target (lakehouse.table.maintenance); an unset field takes the platform
     default (platform setting `maintenance.<field>`), then the built-in one."""
 
     model_config = ConfigDict(extra="forbid")
@@ -549,7 +549,7 @@ def check_engine_setting(key: str, value: str) -> None:
 
 
 class TimePartition(BaseModel):
-    """A target partitioned by day, hour or month (lakehouse.incremental, window_batches): a
+    """A target partitioned by day, hour or month (lakehouse.stage.incremental, window_batches): a
     time-partitioned Dagster asset, and a run for a range of periods (a backfill from the UI or
     `lakehouse backfill`) recomputes exactly those periods from their upstream rows and replaces
     them, with write-audit-publish. Periods and their keys: lakehouse.metadata.periods."""

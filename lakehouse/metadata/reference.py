@@ -74,7 +74,7 @@ def render() -> str:
                          ("promote field", PromoteField),
                          ("maintenance (targets.maintenance; platform defaults: settings maintenance.<field>)",
                           Maintenance),
-                         ("incremental (stages.incremental; lakehouse.incremental)", Incremental),
+                         ("incremental (stages.incremental; lakehouse.stage.incremental)", Incremental),
                          ("time partition (targets.time_partition; time partitions and backfills)", TimePartition)):
         out += [f"## {title}", ""] + _table(model) + [""]
     return "\n".join(out)

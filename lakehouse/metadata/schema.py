@@ -165,7 +165,7 @@ api_tokens = sa.Table(
     sa.Index("ix_api_tokens_tenant", "tenant_id"),
 )
 
-# --- alerts outbox (lakehouse.alerts)
+# --- alerts outbox (lakehouse.ops.alerts)
 alerts_table = sa.Table(
     "alerts",
     metadata_obj,
@@ -271,7 +271,7 @@ arrival_requests = sa.Table(
     sa.Index("ix_arrival_requests_src", "source_id", "requested_at"),
 )
 
-# --- audit branch hygiene (lakehouse.branches)
+# --- audit branch hygiene (lakehouse.table.branches)
 kept_branches = sa.Table(
     "kept_branches",
     metadata_obj,
@@ -291,7 +291,7 @@ orphan_sweeps = sa.Table(
     sa.Column("reason", sa.Text),
 )
 
-# --- run leases and work claims (lakehouse.coordination)
+# --- run leases and work claims (lakehouse.runtime.coordination)
 run_leases = sa.Table(
     "run_leases",
     metadata_obj,

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from lakehouse.metadata.loader import LoadedMetadata, Origin, build_catalog
 from lakehouse.metadata.model import SECTIONS, AuditLogEntry, ControlFlag, Entity, MetadataCatalog
 from lakehouse.metadata.schema import TABLES, audit_log, derived_stages, metadata_obj  # noqa: F401 - re-exported
-from lakehouse.sqlite_files import BUSY_TIMEOUT_S, prepare_sqlite, sqlite_path
+from lakehouse.table.sqlite_files import BUSY_TIMEOUT_S, prepare_sqlite, sqlite_path
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class MetadataStore:
                     prepare_sqlite(url)  # constructing a store to read must not create a database
                 engine = sa.create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S})
             else:
-                from lakehouse.outage import install_connect_hook
+                from lakehouse.runtime.outage import install_connect_hook
 
                 engine = sa.create_engine(url, pool_pre_ping=True)
                 install_connect_hook(engine, role="control DB")  # a short outage is waited out
@@ -78,10 +78,10 @@ class MetadataStore:
         ensure_tables(self.engine)
 
     def _ride_out(self, what: str, work):
-        """Retry `work` through a short control DB outage (lakehouse.outage); SQLite needs none."""
+        """Retry `work` through a short control DB outage (lakehouse.runtime.outage); SQLite needs none."""
         if self.engine.dialect.name == "sqlite":
             return work()
-        from lakehouse.outage import describe_url, ride_out
+        from lakehouse.runtime.outage import describe_url, ride_out
 
         return ride_out(work, database=describe_url(self.engine.url.render_as_string(hide_password=True)),
                         what=what, role="control DB")
@@ -113,9 +113,9 @@ class MetadataStore:
 
     def load(self, sections: Iterable[str] | None = None) -> MetadataCatalog:
         """The catalog as stored now (every row read on every call); `sections`: only these tables.
-        Also tells lakehouse.outage the window to ride out outages with, so that the last
+        Also tells lakehouse.runtime.outage the window to ride out outages with, so that the last
         operational metadata read governs the next outage."""
-        from lakehouse.outage import SETTING_KEY, set_window
+        from lakehouse.runtime.outage import SETTING_KEY, set_window
 
         sections = None if sections is None else tuple(sections)
         catalog = self._ride_out("reading metadata", lambda: self._load(sections))

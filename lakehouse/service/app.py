@@ -6,7 +6,7 @@ any body is read (lakehouse.service.gate, which also refuses a body over `api_ma
 applications) or the operator's shared `LAKEHOUSE_API_TOKEN` (every tenant; `X-Tenant-Id` then
 says which). A job belongs to the tenant of its request; `GET /load/{job_id}` answers 404 for
 another tenant's job (its existence is not revealed either). Bodies are validated by the pydantic
-model `lakehouse.entity_raw.LoadRequest` (an unknown or malformed field is a 422 naming it, never
+model `lakehouse.stage.entity_raw.LoadRequest` (an unknown or malformed field is a 422 naming it, never
 echoing the input); the application is validated against the registry (400 listing the valid
 ones the token may use). What a client reads names the keys it sent, never a server path
 (`client_text`); the control DB and the run's event log keep the full text for the operator.
@@ -27,13 +27,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from lakehouse import entity_raw
-from lakehouse.entity_raw import LoadRequest
+from lakehouse.orchestration.gateway import RunGateway, load_job_name
 from lakehouse.platform import Platform
 from lakehouse.service import jobs, seed, tokens
 from lakehouse.service.gate import Gate
-from lakehouse.service.runs import RunGateway, load_job_name
 from lakehouse.service.tokens import Principal
+from lakehouse.stage import entity_raw
+from lakehouse.stage.entity_raw import LoadRequest
 
 log = logging.getLogger(__name__)
 TENANT_HEADER = "X-Tenant-Id"

@@ -17,8 +17,8 @@ from lakehouse.metadata.schema import load_jobs
 from lakehouse.metadata.store import MetadataStore
 
 if TYPE_CHECKING:
-    from lakehouse.entity_raw import LoadRequest, LoadResult
     from lakehouse.platform import Platform
+    from lakehouse.stage.entity_raw import LoadRequest, LoadResult
 
 JOB_TAG = "lakehouse/load_job"
 
@@ -59,7 +59,7 @@ def record_error(store: MetadataStore, job_id: str, error: str) -> None:
 
 def run(platform: Platform, job_id: str, run_id: str, application_id: str) -> LoadResult:
     """What the entity_raw asset does for a service job: load exactly the stored request."""
-    from lakehouse import entity_raw
+    from lakehouse.stage import entity_raw
 
     job = get(platform.store, job_id)
     if job is None:

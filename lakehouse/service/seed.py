@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from lakehouse import entity_raw
-from lakehouse.entity_raw import LoadRequest
+from lakehouse.stage import entity_raw
+from lakehouse.stage.entity_raw import LoadRequest
 
 TENANT_HEADER = "X-Atlan-Tenant-Id"
 JOB_ID_HEADER = "X-Lakehouse-Job-Id"

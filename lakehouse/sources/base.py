@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, ClassVar
 from lakehouse.errors import source_unreachable
 
 if TYPE_CHECKING:
-    from lakehouse.core import Batch, ExtractPlan, StageContext, StageOutcome
     from lakehouse.ingest.arrivals import ArrivalDecision
     from lakehouse.ingest.files import FileRef
     from lakehouse.metadata.model import Source
     from lakehouse.platform import Platform
-    from lakehouse.publish import PublishResult
+    from lakehouse.stage.core import Batch, ExtractPlan, StageContext, StageOutcome
+    from lakehouse.table.publish import PublishResult
 
 class SourceAdapter:
     """How the platform plans, reads, finishes, probes and recovers one kind of input.

@@ -1,6 +1,6 @@
 """SQL stages on DuckDB (`stages[].sql_engine: duckdb`): the stage's Spark SQL, transpiled by sqlglot,
 runs in an in-process DuckDB over the upstream tables read through PyIceberg as Arrow, at the
-snapshots the run pinned (lakehouse.pins), so a small roll-up pays no Spark job for its query.
+snapshots the run pinned (lakehouse.stage.pins), so a small roll-up pays no Spark job for its query.
 
 Two halves behind small functions, so the write side can change without touching the query side:
 * `query_arrow`: pinned upstream snapshots -> PyIceberg scan -> Arrow -> DuckDB -> an Arrow table;
@@ -11,9 +11,9 @@ Two halves behind small functions, so the write side can change without touching
   re-check, publish, checkpoints).
 
 The same SQL must give the same rows on both engines: sqlglot transpiles Spark's dialect to DuckDB's
-(with the rewrites that make DuckDB answer as Spark, and the refusals, of lakehouse.sqlparse.to_duckdb),
+(with the rewrites that make DuckDB answer as Spark, and the refusals, of lakehouse.sql.parse.to_duckdb),
 and SQL it cannot carry over (an unsupported construct, a function it does not know for DuckDB) is
-refused when the metadata is validated (lakehouse.sqlparse.duckdb_problem, from
+refused when the metadata is validated (lakehouse.sql.parse.duckdb_problem, from
 lakehouse.metadata.checks), not mid-run. The upstream snapshots are read into memory: the engine
 is meant for small upstream tables (a gold roll-up over a modest silver table). DuckDB's session time zone is set to Spark's (spark.sql.session.timeZone, UTC by default),
 so casting a timestamp to a date gives the same day on both.
@@ -24,13 +24,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from lakehouse.sqlparse import to_duckdb
+from lakehouse.sql.parse import to_duckdb
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-    from lakehouse.core import ExtractPlan, StageContext
+    from lakehouse.stage.core import ExtractPlan, StageContext
 
 #: the time zone DuckDB evaluates timestamps in when the Spark session's is not known
 DEFAULT_TIME_ZONE = "UTC"
@@ -45,7 +45,7 @@ def connect(time_zone: str = DEFAULT_TIME_ZONE):
     con = duckdb.connect(config={"enable_external_access": False, "autoload_known_extensions": False,
                                  "autoinstall_known_extensions": False})
     # the zone as a quoted literal, not a bound parameter: DuckDB's Python binding imports pandas to
-    # inspect a parameter, ~300 modules an Arrow-only run does not load (lakehouse.pyarrow_probes)
+    # inspect a parameter, ~300 modules an Arrow-only run does not load (lakehouse.runtime.pyarrow_probes)
     from sqlglot import exp
 
     con.execute(f"SET TimeZone = {exp.Literal.string(time_zone).sql(dialect='duckdb')}")
@@ -92,7 +92,7 @@ def to_spark(spark: SparkSession, table: pa.Table) -> DataFrame:
 
 def stage_arrow(ctx: StageContext, plan: ExtractPlan, time_zone: str) -> pa.Table:
     """The stage's SQL on DuckDB over its pinned upstreams, as an Arrow table."""
-    from lakehouse.sqlparse import rewrite_tables
+    from lakehouse.sql.parse import rewrite_tables
 
     tables = pinned_arrow(ctx, plan)
     names = {ident: "__lh_" + ident.replace(".", "__") for ident in tables}

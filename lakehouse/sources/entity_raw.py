@@ -2,8 +2,8 @@
 
 An application's files live behind a `files` or `s3` source (or a bucket a load request names);
 this adapter finds, lists and stages them through that source's adapter, so the entity_raw
-loader (lakehouse.entity_raw) never asks which kind it is. Its `plan`/`batches` are the base
-class's refusals: entity_raw tables are written by `lakehouse.entity_raw.load`, not by a stage.
+loader (lakehouse.stage.entity_raw) never asks which kind it is. Its `plan`/`batches` are the base
+class's refusals: entity_raw tables are written by `lakehouse.stage.entity_raw.load`, not by a stage.
 """
 
 from __future__ import annotations

@@ -11,24 +11,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lakehouse.core import Batch, ExtractPlan, StageContext, StageOutcome
 from lakehouse.ingest import files as file_ingest
 from lakehouse.ingest.checkpoints import note_unread_files, read_batch, record_published, spark_frame
 from lakehouse.ingest.files import PROCESSED, QUARANTINED, FileRef
 from lakehouse.ingest.paths import PathEscape, confine
 from lakehouse.ingest.prepare import PreparedFiles, prepare_files, read_alone
 from lakehouse.sources.base import SourceAdapter
+from lakehouse.stage.core import Batch, ExtractPlan, StageContext, StageOutcome
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from lakehouse.metadata.model import Source
-    from lakehouse.publish import PublishResult
+    from lakehouse.table.publish import PublishResult
 
 
 @dataclass(frozen=True)
 class SparkFilesReader:
-    """Spark's `lakehouse.core.FileReader` of prepared files: what lakehouse.engines.isolate reads
+    """Spark's `lakehouse.stage.core.FileReader` of prepared files: what lakehouse.engines.isolate reads
     again, some files at a time, when a batch's write fails reading one of them."""
 
     spark: SparkSession

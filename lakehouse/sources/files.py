@@ -6,16 +6,16 @@ import fnmatch
 import os
 from typing import TYPE_CHECKING
 
-from lakehouse.coordination import claim_new_files, keep_claims
-from lakehouse.core import ExtractPlan, StageContext
 from lakehouse.ingest import files as file_ingest
 from lakehouse.ingest.arrivals import ArrivalDecision, poll_local
 from lakehouse.ingest.checkpoints import processed_files
 from lakehouse.ingest.dated import only_day
 from lakehouse.ingest.files import FileRef, landing_root, list_local_files, local_etag
 from lakehouse.ingest.paths import confine, walk_files
+from lakehouse.runtime.coordination import claim_new_files, keep_claims
 from lakehouse.sources.base import register
 from lakehouse.sources.filebased import FileSourceAdapter
+from lakehouse.stage.core import ExtractPlan, StageContext
 
 if TYPE_CHECKING:
     from lakehouse.metadata.model import Source

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from lakehouse.core import Batch, ExtractPlan, StageContext
-from lakehouse.pins import pin_upstream, upstream_frames
 from lakehouse.sources.base import SourceAdapter, register
+from lakehouse.stage.core import Batch, ExtractPlan, StageContext
+from lakehouse.stage.pins import pin_upstream, upstream_frames
 
 if TYPE_CHECKING:
     from lakehouse.metadata.model import Source

@@ -7,16 +7,16 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from lakehouse.compat import pyspark as pyspark_compat
-from lakehouse.core import Batch, ExtractPlan, StageContext, StageOutcome
 from lakehouse.errors import SourceUnavailable
 from lakehouse.ingest import jdbc as jdbc_ingest
 from lakehouse.settings import named_secret
 from lakehouse.sources.base import SourceAdapter, register
+from lakehouse.stage.core import Batch, ExtractPlan, StageContext, StageOutcome
 
 if TYPE_CHECKING:
     from lakehouse.metadata.model import Source
     from lakehouse.platform import Platform
-    from lakehouse.publish import PublishResult
+    from lakehouse.table.publish import PublishResult
 
 PROBE_TIMEOUT_S = 5
 

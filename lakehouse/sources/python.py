@@ -14,11 +14,11 @@ import json
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from lakehouse.core import PYTHON, Batch, ExtractPlan, StageContext
 from lakehouse.errors import ConfigurationError
 from lakehouse.metadata.python_ref import reference_problem
-from lakehouse.pins import pin_upstream, upstream_frames
 from lakehouse.sources.base import SourceAdapter, register
+from lakehouse.stage.core import PYTHON, Batch, ExtractPlan, StageContext
+from lakehouse.stage.pins import pin_upstream, upstream_frames
 
 if TYPE_CHECKING:
     from lakehouse.metadata.model import Source

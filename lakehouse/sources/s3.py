@@ -10,13 +10,13 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING
 
-from lakehouse.core import ExtractPlan, StageContext, StageOutcome
 from lakehouse.ingest import s3 as s3_ingest
 from lakehouse.ingest.arrivals import ArrivalDecision
 from lakehouse.ingest.checkpoints import record_published
 from lakehouse.ingest.files import FileRef
 from lakehouse.sources.base import register
 from lakehouse.sources.filebased import FileSourceAdapter
+from lakehouse.stage.core import ExtractPlan, StageContext, StageOutcome
 
 if TYPE_CHECKING:
     from lakehouse.metadata.model import Source

@@ -6,13 +6,13 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from lakehouse.core import SQL, Batch, ExtractPlan, StageContext, StageOutcome
 from lakehouse.errors import ConfigurationError
 from lakehouse.metadata import periods
-from lakehouse.pins import pin_upstream, upstream_frames
 from lakehouse.sources.base import SourceAdapter, register
 from lakehouse.sources.iceberg import probe_table
-from lakehouse.sqlparse import rewrite_tables, tables_in_sql
+from lakehouse.sql.parse import rewrite_tables, tables_in_sql
+from lakehouse.stage.core import SQL, Batch, ExtractPlan, StageContext, StageOutcome
+from lakehouse.stage.pins import pin_upstream, upstream_frames
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -58,7 +58,7 @@ class SqlAdapter(SourceAdapter):
 
     def plan(self, ctx: StageContext, src: Source | None, plan: ExtractPlan) -> None:
         """Pin every upstream table (`pin_upstream`); a backfill's run notes its partition window."""
-        from lakehouse.incremental import partition_window
+        from lakehouse.stage.incremental import partition_window
 
         pin_upstream(ctx, plan, upstream_identifiers(ctx))
         window = partition_window(ctx)  # a run for some periods of a time-partitioned target (a backfill)
@@ -67,7 +67,7 @@ class SqlAdapter(SourceAdapter):
 
     def batches(self, ctx: StageContext, plan: ExtractPlan) -> Iterator[Batch]:
         if ctx.stage.incremental is not None or plan.details.get("partition_window"):
-            from lakehouse.incremental import IncrementalRead  # the upstream resolves to less
+            from lakehouse.stage.incremental import IncrementalRead  # the upstream resolves to less
 
             read = IncrementalRead(ctx, plan, self.run_sql)
             window = plan.details.get("partition_window")

@@ -6,7 +6,7 @@
   (files, upstream snapshots pinned for the run, a JDBC window, ...), rerouting over the lineage
   graph when the upstream is down;
 * `stage(request, plan)`: the engine (Spark, or PyIceberg + Arrow) writes every batch to the run's
-  audit branch and evaluates the rules there (`lakehouse.wap_service.WriteAuditPublish`); a failed
+  audit branch and evaluates the rules there (`lakehouse.stage.wap_service.WriteAuditPublish`); a failed
   blocking rule raises `AuditFailed` (main untouched, branch kept);
 * `publish(staged)`: the kill switch again, the exactly-once publish of the branch (a remainder
   written, audited and published again when another run published part of the input meanwhile),
@@ -17,7 +17,7 @@ policy on the step's one budget). Inside a step the features (adapters, healing 
 write-audit-publish service) still see a working `StageContext`: it is built from the request for
 that step (`context_for`) and dropped with it; what a later step needs travels in the value
 (`StagedWrite` carries the counts, checks, healing trail, the read's report and the branch coordinates), so `publish` works
-from a stored reference in a fresh process. `lakehouse.runner.StageRunner` is the facade the
+from a stored reference in a fresh process. `lakehouse.stage.runner.StageRunner` is the facade the
 callers of old use: one context for all three steps of a run in one process.
 """
 
@@ -29,25 +29,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lakehouse import coordination
 from lakehouse.control import faults
 from lakehouse.control.attempt import Retry, attempt
-from lakehouse.core import (
+from lakehouse.engines import choice as engine_choice
+from lakehouse.engines import engine_for
+from lakehouse.engines.spark import SparkEngine
+from lakehouse.export.warehouse import export_after_publish
+from lakehouse.lineage.background import emit_stage_run
+from lakehouse.lineage.recovery import Reroute, extract_with_recovery, reroute
+from lakehouse.platform import Platform
+from lakehouse.runtime import coordination
+from lakehouse.sources import adapter_for
+from lakehouse.stage.core import (
     SKIPPED,
     ExtractPlan,
     StageContext,
     StageDisabled,
     StageOutcome,
 )
-from lakehouse.engines import choice as engine_choice
-from lakehouse.engines import engine_for
-from lakehouse.engines.spark import SparkEngine
-from lakehouse.export.warehouse import export_after_publish
-from lakehouse.iceberg import MAIN, branch_name_for_run
-from lakehouse.lineage.background import emit_stage_run
-from lakehouse.lineage.recovery import Reroute, extract_with_recovery, reroute
-from lakehouse.platform import Platform
-from lakehouse.sources import adapter_for
 from lakehouse.stage.values import (
     PublishResult,
     StagedWrite,
@@ -59,9 +58,10 @@ from lakehouse.stage.values import (
     outcome_to_dict,
     plain,
 )
-from lakehouse.wap_service import Audited, WriteAuditPublish, require_enabled
+from lakehouse.stage.wap_service import Audited, WriteAuditPublish, require_enabled
+from lakehouse.table.iceberg import MAIN, branch_name_for_run
 
-log = logging.getLogger("lakehouse.runner")
+log = logging.getLogger("lakehouse.stage.runner")
 
 __all__ = ["StagedLoad", "bind", "context_for", "extract", "live", "plan", "publish", "publish_load", "reference",
            "restored", "stage", "write_and_audit"]
@@ -340,7 +340,7 @@ def _publish(ctx: StageContext, staged: StagedLoad) -> StageOutcome:
 
 
 def wap(ctx: StageContext, *, quarantine: bool = True) -> WriteAuditPublish:
-    """The write-audit-publish service for this step (lakehouse.wap_service)."""
+    """The write-audit-publish service for this step (lakehouse.stage.wap_service)."""
     return WriteAuditPublish(ctx, quarantine=quarantine)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from lakehouse.core import ExtractPlan, FileRef, HealingState, StageContext, StageOutcome
+from lakehouse.stage.core import ExtractPlan, FileRef, HealingState, StageContext, StageOutcome
 
 if TYPE_CHECKING:
     from lakehouse.metadata.model import MetadataCatalog, Target
@@ -117,7 +117,7 @@ def metadata_version(catalog: MetadataCatalog, pipeline_id: str, stage_name: str
 
 @dataclass(frozen=True)
 class StagePlan:
-    """What the write step will read (today's `lakehouse.core.ExtractPlan`, frozen). The source
+    """What the write step will read (today's `lakehouse.stage.core.ExtractPlan`, frozen). The source
     adapters fill a mutable ExtractPlan while they plan; `of` freezes it and `extract_plan` gives
     a fresh mutable copy to the code that still takes one."""
 
@@ -176,8 +176,8 @@ def outcome_to_dict(outcome: StageOutcome) -> dict[str, Any]:
 
 
 def outcome_from_dict(d: Mapping[str, Any], target: Target) -> StageOutcome:
-    from lakehouse.iceberg import WriteResult
     from lakehouse.metadata.model import Rule
+    from lakehouse.table.iceberg import WriteResult
     from lakehouse.validation.rules import CheckOutcome
 
     fields = {k: v for k, v in d.items() if k not in ("target_id", "writes", "checks")}

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
-from lakehouse import retry
 from lakehouse.metadata.model import MetadataCatalog
 from lakehouse.metadata.schema import buckets
 from lakehouse.metadata.store import MetadataStore
+from lakehouse.runtime import retry
 
 log = logging.getLogger(__name__)
 

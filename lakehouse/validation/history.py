@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from lakehouse.metadata.schema import check_results
 
 if TYPE_CHECKING:
-    from lakehouse.core import StageContext
     from lakehouse.metadata.store import MetadataStore
+    from lakehouse.stage.core import StageContext
     from lakehouse.validation.rules import CheckOutcome
 
 

@@ -4,7 +4,7 @@ text), in Spark SQL's semantics, the platform's reference dialect. Each engine o
 
 * Spark evaluates `tree.sql(dialect="spark")` with `F.expr` (lakehouse.validation.rules);
 * the Arrow engine evaluates every row rule of a batch in one DuckDB query over the Arrow table
-  (lakehouse.engines.arrow.rules), the tree translated by `lakehouse.sqlparse.condition_to_duckdb`,
+  (lakehouse.engines.arrow.rules), the tree translated by `lakehouse.sql.parse.condition_to_duckdb`,
   the same translation `expression` rules go through (Spark's answers where DuckDB's differ).
 
 A predicate is TRUE when the row passes; NULL never escapes (`COALESCE(..., FALSE)`: a NULL value

@@ -4,7 +4,7 @@ The quarantine table `<namespace>.<table>__quarantine` holds the input columns p
 `_failed_rules` (array of rule names), `_run_id`, `_quarantined_at` and `_quarantine_id`.
 It is written on the run's audit branch and published with the data, so a failed audit
 leaves both tables' `main` untouched and a re-run does not quarantine the same rows twice.
-Each engine writes it (`lakehouse.engines.audited.QuarantineBranch`); `lakehouse.quarantine_replay.replay` re-validates quarantined rows with the current rules and
+Each engine writes it (`lakehouse.engines.audited.QuarantineBranch`); `lakehouse.stage.quarantine_replay.replay` re-validates quarantined rows with the current rules and
 moves the passing ones into the dataset through the same write-audit-publish path.
 """
 
@@ -15,8 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lakehouse.iceberg import quote
 from lakehouse.metadata.model import Target
+from lakehouse.table.iceberg import quote
 from lakehouse.validation.rules import FAILED_RULES_COLUMN
 
 if TYPE_CHECKING:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lakehouse.compat import pyspark as pyspark_compat
-from lakehouse.iceberg import quote, sql_string
 from lakehouse.metadata.model import Rule
+from lakehouse.table.iceberg import quote, sql_string
 from lakehouse.validation import predicates
 from lakehouse.validation.predicates import RuleError
 
@@ -654,8 +654,8 @@ def dataset_rule(df: DataFrame | None, r: Rule, total: int, context: dict[str, A
         if context.get("unique_scoped") and df is not None and df is not table:
             # the write replaced rows where it says (a merge, a partition overwrite): only the keys it
             # wrote can have become duplicates; they are checked against every row of the table, which
-            # is read through their pruning predicate, not in full (lakehouse.pruning)
-            from lakehouse.pruning import KeyScope
+            # is read through their pruning predicate, not in full (lakehouse.stage.pruning)
+            from lakehouse.stage.pruning import KeyScope
 
             mine = df.where(present)
             rows = rows.where(KeyScope.collect(mine, r.columns).column()).join(

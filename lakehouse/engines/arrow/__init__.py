@@ -1,6 +1,6 @@
 """Write-audit-publish without a JVM: PyIceberg + Arrow for small file loads (issue 21, seed 001).
 
-The same contract as the Spark engine, behind the same service (lakehouse.wap_service), for what
+The same contract as the Spark engine, behind the same service (lakehouse.stage.wap_service), for what
 `lakehouse.metadata.engine_support.arrow_blockers` admits (files / staged S3 objects, DuckDB SQL
 stages' results, append or whole-table replacement, Arrow-evaluable rules). The package by concern:
 `read` (files as Arrow), `conform` (to a schema), `rules` (row rules, tagging, the audit's outcomes),
@@ -18,7 +18,7 @@ stages' results, append or whole-table replacement, Arrow-evaluable rules). The 
   row rules and freshness as the shared predicates (lakehouse.validation.predicates) in one
   DuckDB query per batch, with the same outcomes and messages as `lakehouse.validation.rules`;
 * publish, kill-switch re-check, conflict handling and exactly-once are the service's, unchanged
-  (`lakehouse.publish` already works on PyIceberg metadata).
+  (`lakehouse.table.publish` already works on PyIceberg metadata).
 
 Types are Arrow and Iceberg schemas (lakehouse.engines.types maps them the way Spark's Iceberg
 integration does, so a table either engine creates is the same table); this package imports no
@@ -33,18 +33,18 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from lakehouse.core import SQL
 from lakehouse.engines.arrow import rules
 from lakehouse.engines.arrow.conform import conform
 from lakehouse.engines.arrow.read import file_batches
 from lakehouse.engines.arrow.tables import ArrowTables
 from lakehouse.engines.arrow.write import ArrowAuditedWrite
+from lakehouse.stage.core import SQL
 
 if TYPE_CHECKING:
-    from lakehouse.core import Batch, ExtractPlan, StageContext
-    from lakehouse.iceberg import CatalogTables
     from lakehouse.metadata.model import Rule
     from lakehouse.platform import Platform
+    from lakehouse.stage.core import Batch, ExtractPlan, StageContext
+    from lakehouse.table.iceberg import CatalogTables
     from lakehouse.validation.rules import CheckOutcome
 
 

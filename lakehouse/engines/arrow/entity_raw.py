@@ -2,7 +2,7 @@
 
 The common entity_raw load is a few records per workflow, for which a Spark start-up costs seconds
 for milliseconds of work. When `lakehouse.engines.choice.choose_for_application` picks Arrow, the load
-(lakehouse.entity_raw.load) reads each file with pyarrow, builds `raw_record` with Spark's own
+(lakehouse.stage.entity_raw.load) reads each file with pyarrow, builds `raw_record` with Spark's own
 `to_json` spelling (lakehouse.engines.arrow.to_json), applies the size cap into the same quarantine table,
 and hands the rows to the same write-audit-publish service on the Arrow engine: the same audit
 branch, rules, kill switch, snapshot-summary checkpoints and exactly-once publish. A table either
@@ -20,12 +20,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakehouse.engines.arrow.to_json import cast_string, to_json_rows
-from lakehouse.entity_raw_cap import FILE_COLUMN, KEY, PROVENANCE, QUARANTINE_COLUMNS, ROW_COLUMN, quarantine_identifier
+from lakehouse.stage.entity_raw_cap import (
+    FILE_COLUMN,
+    KEY,
+    PROVENANCE,
+    QUARANTINE_COLUMNS,
+    ROW_COLUMN,
+    quarantine_identifier,
+)
 
 if TYPE_CHECKING:
-    from lakehouse.iceberg import CatalogTables
     from lakehouse.ingest.files import FileRef
     from lakehouse.platform import Platform
+    from lakehouse.table.iceberg import CatalogTables
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +61,7 @@ def read_raw(files: list[FileRef]) -> list[pa.Table]:
 
 def to_entity_raw(raw: pa.Table, *, typename: str, connection_qualified_name: str, workflow_id: str,
                   workflow_run_id: str, extracted_at: int, tenant_id: str, entity_name_field: str | None) -> pa.Table:
-    """Raw rows -> entity_raw rows (+ provenance), the twin of lakehouse.entity_raw.to_entity_raw."""
+    """Raw rows -> entity_raw rows (+ provenance), the twin of lakehouse.stage.entity_raw.to_entity_raw."""
     cols = [c for c in raw.column_names if c not in PROVENANCE]
     n = raw.num_rows
 
@@ -80,7 +87,7 @@ def _quarantine_schema():
 def apply_cap(platform: Platform, identifier: str, table: pa.Table, files: list[FileRef], max_bytes: int,
               run_id: str) -> tuple[pa.Table, int]:
     """(the rows to load, without provenance; how many oversized records were quarantined): the
-    twin of lakehouse.entity_raw_cap.apply_cap, into the same table with the same columns."""
+    twin of lakehouse.stage.entity_raw_cap.apply_cap, into the same table with the same columns."""
     size = pc.binary_length(table.column("raw_record").cast(pa.binary()))
     over_mask = pc.greater(size, max_bytes)
     keep = table.filter(pc.invert(over_mask)).drop_columns(list(PROVENANCE))

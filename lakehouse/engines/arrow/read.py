@@ -22,9 +22,9 @@ from lakehouse.ingest.prepare import PreparedFiles, prepare_files
 from lakehouse.ingest.probe import longest_line
 
 if TYPE_CHECKING:
-    from lakehouse.core import Batch, ExtractPlan, StageContext
     from lakehouse.engines.arrow.tables import ArrowTables
     from lakehouse.metadata.model import Source
+    from lakehouse.stage.core import Batch, ExtractPlan, StageContext
 
 
 def _field_path(table: pa.Table, path: str) -> pa.ChunkedArray:
@@ -133,8 +133,8 @@ def read_prepared(prepared: PreparedFiles, files: list[FileRef], object_uri: Cal
 def file_batches(ctx: StageContext, plan: ExtractPlan, tables: ArrowTables) -> Iterator[Batch]:
     """The planned files probed and reconciled on their own (the shared prepare step), then read by
     pyarrow in batches of `batch_files`, one checkpointed commit per batch (FileSourceAdapter.batches)."""
-    from lakehouse.core import Batch
     from lakehouse.engines.arrow.tables import ArrowSchemaIO
+    from lakehouse.stage.core import Batch
 
     src = ctx.source
     object_uri = ctx.adapter().object_uri(ctx)
@@ -174,7 +174,7 @@ def _final(checked: list[FileRef], ctx: StageContext, read: list[FileRef]) -> li
 
 
 class ArrowFilesReader:
-    """The Arrow engine's `lakehouse.core.FileReader` of prepared files (pyarrow reads eagerly:
+    """The Arrow engine's `lakehouse.stage.core.FileReader` of prepared files (pyarrow reads eagerly:
     a frame is read to its last value, so `check` is `frame`)."""
 
     def __init__(self, prepared: PreparedFiles, object_uri: Callable[[FileRef], str] | None):

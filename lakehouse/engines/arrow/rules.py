@@ -1,7 +1,7 @@
 """Rules evaluated on Arrow tables, with the outcomes and messages of lakehouse.validation.rules.
 
 Row rules are not written here: each is its one predicate of lakehouse.validation.predicates (the
-same sqlglot tree Spark evaluates), translated to DuckDB by lakehouse.sqlparse.condition_to_duckdb
+same sqlglot tree Spark evaluates), translated to DuckDB by lakehouse.sql.parse.condition_to_duckdb
 and evaluated, all of a batch's row rules in ONE DuckDB query over the Arrow table (`tag_failures`).
 Engine-specific here, because the engines' semantics force it: the Spark spelling of a non-string
 value a `regex` matches (`_spark_string`: DuckDB spells doubles and zoned timestamps otherwise) and
@@ -113,7 +113,7 @@ class _Rows:
 def _predicate(rule: Rule, rows: _Rows) -> exp.Expression:
     """The rule's predicate (without its final COALESCE: NULL is filled in Arrow, and an expression
     of the wrong type is named) as a DuckDB tree."""
-    from lakehouse.sqlparse import DuckdbSqlError, condition_to_duckdb
+    from lakehouse.sql.parse import DuckdbSqlError, condition_to_duckdb
 
     tree = predicates.passes_or_null(rule, rows.table.column_names, rows.text_of(rule))
     try:
@@ -284,7 +284,7 @@ def _freshness(r: Rule, table: pa.Table, context: dict[str, Any]) -> CheckOutcom
 
     import duckdb
 
-    from lakehouse.sqlparse import DuckdbSqlError, condition_to_duckdb
+    from lakehouse.sql.parse import DuckdbSqlError, condition_to_duckdb
 
     tz = context.get("time_zone", "UTC")
     rows = _Rows(table, tz)

@@ -27,7 +27,7 @@ from lakehouse.engines.types import (
     iceberg_to_spark,
     spark_type_to_iceberg,
 )
-from lakehouse.iceberg import MAIN, CatalogTables, WriteResult, retry_metadata_commit
+from lakehouse.table.iceberg import MAIN, CatalogTables, WriteResult, retry_metadata_commit
 
 if TYPE_CHECKING:
     from lakehouse.metadata.model import Target
@@ -65,7 +65,7 @@ class ArrowTables(CatalogTables):
     """The platform's tables with writes and branch operations through PyIceberg, the metadata
     reads `CatalogTables`' (PyIceberg too): nothing here starts a JVM. The one shared path that
     needs Spark, Iceberg's orphan-file action, takes the platform's Spark tables
-    (lakehouse.branches.remove_orphan_files)."""
+    (lakehouse.table.branches.remove_orphan_files)."""
 
     def __init__(self, platform: Platform):
         super().__init__(platform.settings.catalog_name, platform.pyiceberg_catalog())

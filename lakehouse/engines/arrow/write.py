@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 from lakehouse.engines.arrow.rules import _sample, evaluate, failed_rules_column, tag_failures
 from lakehouse.engines.audited import BranchWrite, QuarantineBranch
 from lakehouse.engines.types import UTC_US
-from lakehouse.iceberg import WriteResult
+from lakehouse.table.iceberg import WriteResult
 from lakehouse.validation.rules import (
     FAILED_RULES_COLUMN,
     SAMPLE_ROWS,
@@ -24,7 +24,7 @@ from lakehouse.validation.rules import (
 )
 
 if TYPE_CHECKING:
-    from lakehouse.core import Batch
+    from lakehouse.stage.core import Batch
 
 
 class ArrowQuarantineWriter(QuarantineBranch):
@@ -46,8 +46,8 @@ class ArrowAuditedWrite(BranchWrite):
     branch bookkeeping and the exactly-once publish are `BranchWrite`'s (PyIceberg metadata)."""
 
     def write(self, batch: Batch) -> WriteResult:
-        from lakehouse import retry
-        from lakehouse.outage import is_connection_failure
+        from lakehouse.runtime import retry
+        from lakehouse.runtime.outage import is_connection_failure
 
         df: pa.Table = batch.df
         keep = self._split(df, batch)

@@ -10,11 +10,11 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
 
-    from lakehouse.core import Batch, ExtractPlan, StageContext
     from lakehouse.engines.spark.write import SparkAuditedWrite
-    from lakehouse.iceberg import IcebergTables
     from lakehouse.metadata.model import Rule
     from lakehouse.platform import Platform
+    from lakehouse.stage.core import Batch, ExtractPlan, StageContext
+    from lakehouse.table.iceberg import IcebergTables
     from lakehouse.validation.rules import CheckOutcome
 
 
@@ -44,7 +44,7 @@ class SparkEngine:
 
     def tag_failures(self, frame: DataFrame, rules: list[Rule], errors: dict[str, str], time_zone: str = "UTC"
                      ) -> DataFrame:
-        """Expressions answer in the session's time zone (the platform's, lakehouse.spark)."""
+        """Expressions answer in the session's time zone (the platform's, lakehouse.runtime.spark)."""
         from lakehouse.validation.rules import tag_failures
 
         session_zone = frame.sparkSession.conf.get("spark.sql.session.timeZone")

@@ -1,4 +1,4 @@
-"""Write-audit-publish on one audit branch: the write and audit halves `lakehouse.wap_service` drives.
+"""Write-audit-publish on one audit branch: the write and audit halves `lakehouse.stage.wap_service` drives.
 
 Every batch goes to the Iceberg branch `audit_<run_id>` of the target (rows failing a
 quarantine rule go to the same-named branch of the quarantine table), the rules run against
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lakehouse.engines.audited import BranchWrite, QuarantineBranch
-from lakehouse.iceberg import IcebergTables, WriteResult, retry_metadata_commit
-from lakehouse.sql_text import quote
+from lakehouse.sql.text import quote
+from lakehouse.table.iceberg import IcebergTables, WriteResult, retry_metadata_commit
 from lakehouse.validation.file_metrics import FileMetrics, answerable_keys
 from lakehouse.validation.rules import (
     SCOPE_APPENDED,
@@ -40,7 +40,7 @@ from lakehouse.validation.rules import (
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from lakehouse.core import Batch, StageContext
+    from lakehouse.stage.core import Batch, StageContext
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ class SparkAuditedWrite(BranchWrite):
         # MERGE whose condition has a pruning predicate)
         as_target = spec is None and self.target.write_mode == "merge"
         if as_target:
-            from lakehouse.iceberg import WriteSpec
+            from lakehouse.table.iceberg import WriteSpec
 
             spec = WriteSpec("merge", tuple(self.target.merge_keys))
         if spec is None:
@@ -224,7 +224,7 @@ class SparkAuditedWrite(BranchWrite):
         if spec.mode == "merge":
             from pyspark import StorageLevel
 
-            from lakehouse.pruning import KeyScope
+            from lakehouse.stage.pruning import KeyScope
 
             self._change_set = keep.persist(StorageLevel.MEMORY_AND_DISK)  # its keys are read, then it is merged
             keys = tuple(spec.merge_keys or self.target.merge_keys)
@@ -269,7 +269,7 @@ class SparkAuditedWrite(BranchWrite):
     def _write_branch(self, keep: DataFrame, batch: Batch, aggregates: list):
         """Append to the branch; row-rule counts the file statistics cannot give ride on the
         write (`DataFrame.observe`). A commit that failed on a busy catalog or a commit conflict,
-        or because the catalog database was briefly down (lakehouse.outage), is repeated
+        or because the catalog database was briefly down (lakehouse.runtime.outage), is repeated
         (retry.BRANCH_WRITE) only while the branch head did not move, so a commit that did land is
         never written twice."""
         head = self.tables.snapshot_id(self.ident, self.branch)
@@ -288,8 +288,8 @@ class SparkAuditedWrite(BranchWrite):
             return self._write_branch_retried(keep, batch, [], head)
 
     def _write_branch_retried(self, keep: DataFrame, batch: Batch, aggregates: list, head: int | None):
-        from lakehouse import retry
-        from lakehouse.outage import is_connection_failure
+        from lakehouse.runtime import retry
+        from lakehouse.runtime.outage import is_connection_failure
 
         def write():
             observation = None

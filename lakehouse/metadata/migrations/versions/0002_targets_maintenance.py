@@ -1,4 +1,4 @@
-"""targets.maintenance: the table maintenance block of a target (lakehouse.maintenance), JSON text
+"""targets.maintenance: the table maintenance block of a target (lakehouse.table.maintenance), JSON text
 
 Revision ID: 73f2c8cc6b1d
 Revises: 0001

@@ -1,5 +1,5 @@
 """stages.incremental, targets.time_partition: a stage's incremental block and a target's daily
-partitions (lakehouse.incremental), JSON text
+partitions (lakehouse.stage.incremental), JSON text
 
 Revision ID: 415e3af6ab69
 Revises: 73f2c8cc6b1d

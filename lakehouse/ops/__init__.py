@@ -1,0 +1,1 @@
+"""What the operator is told: alerts (`alerts`) and the dashboard's data (`dashboard`)."""

@@ -1,0 +1,1 @@
+"""SQL text: parsing (`parse`, sqlglot) and quoting (`text`)."""
