@@ -103,6 +103,7 @@ def _vm_hwm_kb(pid: int) -> int:
 # --------------------------------------------------------------------------- in a real process, capped
 
 
+@pytest.mark.slow  # a real capped process: seconds of interpreter start-up
 def test_a_billion_laughs_is_refused_by_validate_and_apply_in_bounded_memory(tmp_path):
     meta = demo_copy(tmp_path)
     (meta / "laughs.yaml").write_text(LAUGHS)
@@ -116,6 +117,7 @@ def test_a_billion_laughs_is_refused_by_validate_and_apply_in_bounded_memory(tmp
         assert "applied" not in text
 
 
+@pytest.mark.slow  # a real capped process: seconds of interpreter start-up
 def test_a_fifo_in_the_directory_is_refused_not_waited_on(tmp_path):
     meta = demo_copy(tmp_path)
     os.mkfifo(meta / "m.yaml")
@@ -127,6 +129,7 @@ def test_a_fifo_in_the_directory_is_refused_not_waited_on(tmp_path):
     assert code == 2 and f"{meta / 'm.yaml'}: a FIFO (named pipe), not a regular file" in text, text
 
 
+@pytest.mark.slow  # a real capped process: seconds of interpreter start-up
 def test_a_100_mb_file_is_refused_before_it_is_read(tmp_path):
     meta = tmp_path / "big"
     meta.mkdir()
@@ -269,6 +272,7 @@ def test_the_limits_are_settings_read_from_the_environment(monkeypatch, tmp_path
     assert load_metadata(path).catalog.pipelines[0].pipeline_id == "a"
 
 
+@pytest.mark.slow  # a real capped process: seconds of interpreter start-up
 def test_sql_import_reads_its_file_within_the_same_limits(tmp_path):
     fifo = tmp_path / "seed.sql"
     os.mkfifo(fifo)

@@ -124,6 +124,7 @@ def test_the_values_are_frozen_and_a_staged_write_round_trips_through_json(lake,
     assert main_rows(lake, "bronze.sv") == 0  # staged, not published
 
 
+@pytest.mark.slow  # a real second interpreter: seconds of start-up
 def test_a_stored_reference_is_enough_to_publish_in_a_fresh_process(lake, tmp_path):
     apply(lake, tmp_path, pipeline("pr"))
     land(lake, "pr", "a.jsonl", [{"id": i, "v": str(i)} for i in range(5)] + [{"id": None, "v": "x"}])
