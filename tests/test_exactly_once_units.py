@@ -157,7 +157,7 @@ def test_publish_lock_dies_with_its_holder(settings, tmp_path):
     code = ("import os, sys, time\n"
             "from lakehouse.metadata.store import MetadataStore\n"
             "from lakehouse.stage.runner import Platform\nfrom lakehouse.settings import load_settings\n"
-            "from lakehouse import coordination\n"
+            "from lakehouse.runtime import coordination\n"
             "s = load_settings(); p = Platform(s, MetadataStore(s.control_db_url))\n"
             "with coordination.publish_lock(p, 'ns.t'):\n"
             f"    open({str(marker)!r}, 'w').close(); time.sleep(600)\n")
